@@ -1,0 +1,389 @@
+"""Typed, frozen configuration of the thunder router, loaded from ``configs/thunder.yaml``.
+
+Every field carries a docstring; invariants are checked in ``__post_init__``. Time constants
+are in seconds of *real* time for a real cluster; ``RouterConfig.scaled(S)`` divides every one
+of them by S so that the router runs correctly in front of simulated workers whose virtual
+clock runs S times faster than real time (``--time-scale S`` / ``--thunder-time-scale S``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from thunder_sgl.errors import ConfigError
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Parameters of the program scheduler (design.md, "Scheduling model")."""
+
+    tick_seconds: float = 5.0
+    """Δt: period of the thrash check. Paper default 5 s."""
+
+    decay_base: float = 2.0
+    """x in f(k) = x^(-k): weight of an acting program after k whole ticks of tool time."""
+
+    max_decay_ticks: int = 64
+    """Ticks after which an acting program's weight is taken as exactly 0."""
+
+    lambda_max: float = 1.0
+    """High watermark: pause when demand exceeds lambda_max × pool."""
+
+    lambda_min: float = 1.0
+    """Low watermark: restore only while demand is below lambda_min × pool."""
+
+    hbm_lambda: float = 1.0
+    """Reasoning programs' KV (context + expected output) must fit hbm_lambda × HBM."""
+
+    tier_aware: bool = True
+    """Count HiCache host and storage tiers in the pool and gate reasoning KV on HBM.
+    False gives the paper-faithful policy: the pool is HBM only."""
+
+    host_weight: float = 1.0
+    """Fraction of the host tier's capacity counted in the pool."""
+
+    storage_weight: float = 1.0
+    """Fraction of the storage tier's capacity counted in the pool."""
+
+    held_bonus_seconds: float = 60.0
+    """Restore order: a paused program with a held request ranks as if it had waited this much longer."""
+
+    idle_bonus_seconds: float = 30.0
+    """Restore order: a paused program without a held request (idle) gets this bonus; new programs get 0."""
+
+    reserve_after_seconds: float = 60.0
+    """When the head of the queue has waited this long and fits nowhere, nothing behind it is
+    placed until it fits (head-of-line reservation: bounds every program's wait)."""
+
+    default_output_tokens: int = 256
+    """Expected output per step for a program with no history yet."""
+
+    output_ema_alpha: float = 0.3
+    """Smoothing of a program's expected output tokens per step."""
+
+    pressure_waiting_reqs: int = 8
+    """A backend whose engine reports more waiting requests than this gets no restores this tick."""
+
+    kick_min_interval_seconds: float = 0.05
+    """Minimum spacing of event-driven ticks (on arrivals of held or new programs)."""
+
+    def __post_init__(self) -> None:
+        _check(self.tick_seconds > 0, "scheduler.tick_seconds must be > 0")
+        _check(self.decay_base >= 1.0, "scheduler.decay_base must be >= 1 (1 disables decay)")
+        _check(self.max_decay_ticks >= 1, "scheduler.max_decay_ticks must be >= 1")
+        _check(0 < self.lambda_min <= self.lambda_max, "need 0 < lambda_min <= lambda_max")
+        _check(self.lambda_max <= 4.0, "scheduler.lambda_max above 4 makes no physical sense")
+        _check(0 < self.hbm_lambda <= 2.0, "scheduler.hbm_lambda must be in (0, 2]")
+        _check(0 <= self.host_weight <= 1 and 0 <= self.storage_weight <= 1, "tier weights must be in [0, 1]")
+        _check(self.held_bonus_seconds >= self.idle_bonus_seconds >= 0, "need held_bonus >= idle_bonus >= 0")
+        _check(self.reserve_after_seconds >= 0, "scheduler.reserve_after_seconds must be >= 0")
+        _check(self.default_output_tokens >= 1, "scheduler.default_output_tokens must be >= 1")
+        _check(0 < self.output_ema_alpha <= 1, "scheduler.output_ema_alpha must be in (0, 1]")
+        _check(self.kick_min_interval_seconds >= 0, "scheduler.kick_min_interval_seconds must be >= 0")
+
+    _TIME_FIELDS = ("tick_seconds", "held_bonus_seconds", "idle_bonus_seconds", "reserve_after_seconds", "kick_min_interval_seconds")
+
+
+@dataclass(frozen=True)
+class ProgramsConfig:
+    """Program table limits and lifecycle."""
+
+    idle_timeout_seconds: float = 1800.0
+    """A program with no request for this long is released (sandboxes reaped)."""
+
+    max_programs: int = 100_000
+    """Live programs the router will track; past this, new programs get 503."""
+
+    chars_per_token: float = 4.0
+    """Initial estimate used to size a request before its usage is known; refined per program."""
+
+    def __post_init__(self) -> None:
+        _check(self.idle_timeout_seconds > 0, "programs.idle_timeout_seconds must be > 0")
+        _check(self.max_programs >= 1, "programs.max_programs must be >= 1")
+        _check(self.chars_per_token > 0, "programs.chars_per_token must be > 0")
+
+    _TIME_FIELDS = ("idle_timeout_seconds",)
+
+
+@dataclass(frozen=True)
+class MonitorConfig:
+    """Polling of workers' /server_info, /v1/loads, /metrics and health."""
+
+    poll_interval_seconds: float = 1.0
+    """Period of /v1/loads and /metrics polling per worker."""
+
+    stale_after_seconds: float = 10.0
+    """Live numbers older than this make the backend count as full."""
+
+    request_timeout_seconds: float = 5.0
+    """Timeout of one monitor request."""
+
+    failure_threshold: int = 3
+    """Consecutive failed polls before a worker is marked unhealthy."""
+
+    success_threshold: int = 1
+    """Consecutive good polls before an unhealthy worker rejoins."""
+
+    def __post_init__(self) -> None:
+        _check(self.poll_interval_seconds > 0, "monitor.poll_interval_seconds must be > 0")
+        _check(self.stale_after_seconds > self.poll_interval_seconds, "monitor.stale_after_seconds must exceed the poll interval")
+        _check(self.request_timeout_seconds > 0, "monitor.request_timeout_seconds must be > 0")
+        _check(self.failure_threshold >= 1 and self.success_threshold >= 1, "monitor thresholds must be >= 1")
+
+    # Monitor periods are real network timings, not engine time: they are not scaled.
+    _TIME_FIELDS = ()
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """Request path limits."""
+
+    max_held_requests: int = 10_000
+    """Requests held for paused programs, all programs together; past this, 503 + Retry-After."""
+
+    max_waiting_programs: int = 20_000
+    """Programs in the global waiting queue; past this, new programs get 503 + Retry-After."""
+
+    max_body_bytes: int = 32 * 1024 * 1024
+    """Largest request body accepted (413 past it)."""
+
+    held_timeout_seconds: float = 1800.0
+    """A request held longer than this is answered 503 + Retry-After (the program stays queued)."""
+
+    upstream_timeout_seconds: float = 1800.0
+    """Total time allowed for one upstream request."""
+
+    retries_before_first_byte: int = 2
+    """Transparent retries on another worker when the upstream fails before any byte was sent."""
+
+    retry_after_seconds: float = 5.0
+    """Value of Retry-After on 429/503."""
+
+    admin_api_key: str | None = None
+    """Key for admin routes (workers, flush, listing/releasing all programs). None: admin routes
+    use the --api-key if one is set, else are open (loopback deployments)."""
+
+    def __post_init__(self) -> None:
+        _check(self.max_held_requests >= 1, "gateway.max_held_requests must be >= 1")
+        _check(self.max_waiting_programs >= 1, "gateway.max_waiting_programs must be >= 1")
+        _check(self.max_body_bytes >= 1024, "gateway.max_body_bytes must be >= 1024")
+        _check(self.held_timeout_seconds > 0 and self.upstream_timeout_seconds > 0, "gateway timeouts must be > 0")
+        _check(self.retries_before_first_byte >= 0, "gateway.retries_before_first_byte must be >= 0")
+
+    _TIME_FIELDS = ("held_timeout_seconds", "upstream_timeout_seconds", "retry_after_seconds")
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """Program-owned tool sandboxes."""
+
+    provider: str = "auto"
+    """docker | local | none | auto (docker when a daemon answers, else local)."""
+
+    default_image: str = "thunder-sandbox:latest"
+    """Image used when a spec names none."""
+
+    default_memory_mb: int = 512
+    """Memory limit when a spec names none."""
+
+    max_memory_mb: int = 8192
+    """Largest memory limit a spec may ask for."""
+
+    default_cpus: float = 1.0
+    """CPU limit when a spec names none."""
+
+    max_cpus: float = 4.0
+    """Largest CPU limit a spec may ask for."""
+
+    default_pids: int = 256
+    """pids limit when a spec names none."""
+
+    max_pids: int = 4096
+    """Largest pids limit a spec may ask for."""
+
+    allowed_networks: tuple[str, ...] = ("none", "host")
+    """Networks a spec may ask for; the default is the first."""
+
+    port_range: tuple[int, int] = (42000, 43999)
+    """Ports handed to sandboxes (inclusive)."""
+
+    exec_timeout_seconds: float = 60.0
+    """Default exec timeout (mini-swe-agent's tool timeout)."""
+
+    max_exec_timeout_seconds: float = 3600.0
+    """Largest exec timeout a client may ask for."""
+
+    max_sandboxes_per_program: int = 16
+    """Sandboxes one program may own."""
+
+    prepare_ahead: bool = True
+    """Prepare a waiting program's sandboxes while it waits for admission, and restart a paused
+    program's stopped containers when it nears the head of the queue."""
+
+    stop_paused_after_seconds: float = 0.0
+    """Stop (not remove) a paused program's containers after this long paused; 0 never stops."""
+
+    def __post_init__(self) -> None:
+        _check(self.provider in ("docker", "local", "none", "auto"), "sandboxes.provider must be docker, local, none or auto")
+        _check(0 < self.default_memory_mb <= self.max_memory_mb, "need 0 < default_memory_mb <= max_memory_mb")
+        _check(0 < self.default_cpus <= self.max_cpus, "need 0 < default_cpus <= max_cpus")
+        _check(0 < self.default_pids <= self.max_pids, "need 0 < default_pids <= max_pids")
+        _check(len(self.allowed_networks) >= 1 and all(n in ("none", "host") for n in self.allowed_networks), "sandboxes.allowed_networks may hold only none and host")
+        lo, hi = self.port_range
+        _check(1024 <= lo <= hi <= 65535, "sandboxes.port_range must be within 1024..65535, low <= high")
+        _check(0 < self.exec_timeout_seconds <= self.max_exec_timeout_seconds, "need 0 < exec_timeout <= max_exec_timeout")
+        _check(self.max_sandboxes_per_program >= 1, "sandboxes.max_sandboxes_per_program must be >= 1")
+
+    # Sandboxes run in real time even in front of a simulated cluster.
+    _TIME_FIELDS = ()
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """Everything the thunder policy and its gateway need; one object handed down from create_app."""
+
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    programs: ProgramsConfig = field(default_factory=ProgramsConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    sandboxes: SandboxConfig = field(default_factory=SandboxConfig)
+    time_scale: float = 1.0
+    """Speed of the workers' clock relative to real time; set by scaled(), 1 for real clusters."""
+
+    def __post_init__(self) -> None:
+        _check(self.time_scale > 0, "time_scale must be > 0")
+
+    def scaled(self, time_scale: float) -> RouterConfig:
+        """The same config with every policy time constant divided by ``time_scale``."""
+        _check(time_scale > 0, "time scale must be > 0")
+        if time_scale == 1.0:
+            return self
+        parts = {}
+        for name in ("scheduler", "programs", "monitor", "gateway", "sandboxes"):
+            part = getattr(self, name)
+            parts[name] = dataclasses.replace(
+                part, **{f: getattr(part, f) / time_scale for f in part._TIME_FIELDS}
+            )
+        return dataclasses.replace(self, time_scale=self.time_scale * time_scale, **parts)
+
+    def with_overrides(self, dotted: dict[str, Any]) -> RouterConfig:
+        """Apply ``{"scheduler.tick_seconds": 2.0, ...}`` overrides, validating each."""
+        tree = to_dict(self)
+        for key, value in dotted.items():
+            section, _, name = key.partition(".")
+            if not name:
+                tree[section] = value
+                continue
+            if section not in tree or not isinstance(tree[section], dict):
+                raise ConfigError(f"unknown config section {section!r} in override {key!r}")
+            tree[section][name] = value
+        return from_dict(RouterConfig, tree)
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def to_dict(obj: Any) -> Any:
+    """Plain-data form of a config dataclass (tuples become lists)."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, tuple):
+        return [to_dict(v) for v in obj]
+    return obj
+
+
+def from_dict(cls: type, data: dict[str, Any] | None, where: str = "") -> Any:
+    """Build a frozen config dataclass from nested plain data; unknown keys fail loudly."""
+    data = dict(data or {})
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"unknown key(s) {unknown} in {where or cls.__name__}; valid keys: {sorted(fields)}"
+        )
+    kwargs = {}
+    for name, value in data.items():
+        kwargs[name] = _coerce(hints[name], value, f"{where}.{name}" if where else name)
+    try:
+        return cls(**kwargs)
+    except TypeError as e:  # pragma: no cover - guarded by the unknown-key check
+        raise ConfigError(f"{where or cls.__name__}: {e}") from e
+
+
+def _coerce(hint: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a mapping")
+        return from_dict(hint, value, where)
+    if origin in (types.UnionType, typing.Union):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(args[0], value, where)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where} must be a list")
+        args = typing.get_args(hint)
+        item = args[0]
+        return tuple(_coerce(item, v, where) for v in value)
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where} must be a number, got {value!r}")
+        return float(value)
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where} must be an integer, got {value!r}")
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} must be true or false, got {value!r}")
+        return value
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where} must be a string, got {value!r}")
+        return value
+    return value
+
+
+def resolve_config_path(name_or_path: str | Path, subdir: str = "") -> Path:
+    """A config given as a path, or as a bare name found in the packaged ``configs/`` folder."""
+    p = Path(name_or_path)
+    if p.exists():
+        return p
+    base = CONFIG_DIR / subdir if subdir else CONFIG_DIR
+    for cand in (base / p, base / f"{p}.yaml", base / p.name, base / f"{p.name}.yaml"):
+        if cand.exists():
+            return cand
+    known = sorted(x.stem for x in base.glob("*.yaml"))
+    raise ConfigError(f"config {str(name_or_path)!r} not found; packaged {subdir or 'configs'}: {known}")
+
+
+def load_yaml(path: str | Path, subdir: str = "") -> dict[str, Any]:
+    p = resolve_config_path(path, subdir)
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: invalid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: top level must be a mapping")
+    return data
+
+
+def load_config(path: str | Path | None = None) -> RouterConfig:
+    """Load ``configs/thunder.yaml`` (or the given file) into a RouterConfig."""
+    if path is None:
+        return RouterConfig()
+    return from_dict(RouterConfig, load_yaml(path), "")

@@ -1,0 +1,333 @@
+"""The thunder scheduler core: one pure ``tick(now, programs, backends) -> Decisions``.
+
+No I/O and no clock reads: time and state come in, decisions go out, nothing is mutated
+(``apply`` does that, separately). Each tick:
+
+1. **Account.** Every active program adds its decayed demand to its backend
+   (``capacity.BackendLoad``). Paused and new programs form the global waiting queue.
+2. **Pause (thrash check).** On a backend whose demand exceeds ``λ_max · pool``, pause idle
+   programs — acting ones before ones whose request the HBM gate holds — by lowest decayed
+   weight, then shortest context (recompute ∝ c², paper Lemma 4.1), until the excess is freed;
+   then drop from the pause set every program whose removal still frees the excess, so no
+   more than the excess is ever paused. Reasoning programs are never paused (a pause never
+   cuts a request mid-decode). An unavailable backend (unhealthy, stale, draining) counts
+   as full: every idle program on it goes back to the queue, to migrate.
+3. **Restore / admit.** Waiting programs in order of an aging score — held requests, then
+   idle programs, then new programs, each class a head start in seconds, plus the time
+   waited — are placed where they fit: the previous backend if it has room (its KV may still
+   be cached there: reload is linear in c, recompute quadratic), else the backend with the
+   most free pool (migration). A backend accepts restores only while its demand is below
+   ``λ_min · pool`` and the placement keeps it within ``λ_max · pool``; in tier-aware mode
+   a program with a held request must also fit the HBM condition. When a program has waited
+   ``reserve_after_seconds`` and fits nowhere, nothing behind it is placed, so capacity
+   accumulates for it and every wait stays bounded.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from thunder_sgl.backends.backend import Backend
+from thunder_sgl.config import SchedulerConfig
+from thunder_sgl.programs import Program, ProgramState, ProgramTable
+from thunder_sgl.scheduler.capacity import BackendLoad, Member, decay_weights, expected_output
+
+EPS = 1e-6
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    program_id: str
+    backend: str
+    admit: bool
+    """True for a new program's first placement, False for a restore."""
+    migrated: bool
+    """Restored onto a different backend than the one it last ran on."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decisions:
+    pauses: tuple[str, ...] = ()
+    placements: tuple[Placement, ...] = ()
+    reserved_for: str | None = None
+    """A program so long-waiting that nothing behind it was placed this tick."""
+    demand: dict[str, float] = field(default_factory=dict)
+    """Per backend, demand after the decisions."""
+    pool: dict[str, float] = field(default_factory=dict)
+    """Per backend, the pool capacity the decisions were made against."""
+
+    @property
+    def empty(self) -> bool:
+        return not self.pauses and not self.placements
+
+
+class ThunderPolicy:
+    """Program-level pause/restore under KV pressure, one global queue, tier-aware pool."""
+
+    def __init__(self, cfg: SchedulerConfig, stale_after: float = float("inf")) -> None:
+        self.cfg = cfg
+        self.stale_after = stale_after
+        self._decay = decay_weights(cfg)
+
+    # ------------------------------------------------------------------------------------
+    def tick(self, now: float, programs: ProgramTable, backends: Sequence[Backend]) -> Decisions:
+        cfg = self.cfg
+        loads = {b.key: BackendLoad.for_backend(b, cfg) for b in backends}
+        default_out = float(cfg.default_output_tokens)
+        for key, load in loads.items():
+            load.account(programs.on_backend(key), now, cfg.tick_seconds, self._decay, default_out)
+        # Programs on a backend that was removed go back to the queue (to migrate).
+        orphans = [
+            p.id for key in programs.backend_keys() if key not in loads
+            for p in programs.on_backend(key) if p.in_flight == 0
+        ]
+        waiting = programs.waiting()
+
+        pauses = orphans
+        for load in loads.values():
+            if not load.backend.available(now, self.stale_after):
+                pauses.extend(self._evacuate(load))
+            elif load.demand > load.limit_hi + EPS:
+                pauses.extend(self._pause_excess(load))
+
+        placements, reserved = self._place(now, waiting, loads)
+        return Decisions(
+            pauses=tuple(pauses),
+            placements=tuple(placements),
+            reserved_for=reserved,
+            demand={k: v.demand for k, v in loads.items()},
+            pool={k: v.pool for k, v in loads.items()},
+        )
+
+    # ---- pause ---------------------------------------------------------------------------
+    @staticmethod
+    def _pausable(m: Member) -> bool:
+        return m.program.in_flight == 0
+
+    def _evacuate(self, load: BackendLoad) -> list[str]:
+        out = []
+        for m in load.members(self.cfg):
+            if self._pausable(m):
+                load.remove(m)
+                out.append(m.program.id)
+        return out
+
+    def _pause_excess(self, load: BackendLoad) -> list[str]:
+        excess = load.demand - load.limit_hi
+        cands = [m for m in load.members(self.cfg) if self._pausable(m)]
+        # Acting programs first (held ones last), lowest decayed weight, then shortest context.
+        cands.sort(key=lambda m: (m.program.held > 0, m.weight, m.program.demand_tokens(), m.program.id))
+        chosen: list[Member] = []
+        freed = 0.0
+        for m in cands:
+            if freed >= excess - EPS:
+                break
+            freed += load.freed_by(m)
+            load.remove(m)
+            chosen.append(m)
+        # Minimality: give back every program whose pause the excess does not need, trying
+        # the most valuable to keep (latest in the order) first.
+        kept: list[Member] = []
+        for m in reversed(chosen):
+            gain = m.private + load.shared_added(m.key, m.shared)
+            if freed - gain >= excess - EPS:
+                load.add(m)
+                freed -= gain
+            else:
+                kept.append(m)
+        return [m.program.id for m in reversed(kept)]
+
+    # ---- restore / admit -----------------------------------------------------------------
+    def _score(self, p: Program, now: float) -> float:
+        cfg = self.cfg
+        since = p.waiting_since if p.waiting_since is not None else p.created_at
+        if not p.admitted:
+            bonus = 0.0
+        elif p.held:
+            bonus = cfg.held_bonus_seconds
+        else:
+            bonus = cfg.idle_bonus_seconds
+        return (now - since) + bonus
+
+    def queue_order(self, now: float, waiting: Iterable[Program]) -> list[Program]:
+        """The global queue, best first (exposed for /programs and for prefetching)."""
+        queue, _ = self._queue(waiting)
+        queue.sort()
+        return [e[3] for e in queue]
+
+    def _queue(self, waiting: Iterable[Program]) -> tuple[list[tuple[float, int, str, Program]], float]:
+        """Queue entries ordered by (waiting_since − class bonus, demand, id) — ascending is
+        best first, the same order as descending ``_score`` — and the smallest private demand
+        in the queue. A flat loop: with thousands of waiting programs this runs every tick."""
+        held_bonus, idle_bonus = self.cfg.held_bonus_seconds, self.cfg.idle_bonus_seconds
+        queue = []
+        min_need = float("inf")
+        for p in waiting:
+            since = p.waiting_since
+            if since is None:
+                since = p.created_at
+            if p.admitted:
+                since -= held_bonus if p.held else idle_bonus
+            c = p.context_tokens
+            pp = p.pending_prompt_tokens
+            if pp > c:
+                c = pp
+            need = c
+            if p.prefix_key:
+                sp = p.shared_prefix_tokens
+                need = c - (sp if sp < c else c)
+            if need < min_need:
+                min_need = need
+            queue.append((since, c, p.id, p))
+        return queue, min_need
+
+    def _place(
+        self, now: float, waiting: list[Program], loads: dict[str, BackendLoad]
+    ) -> tuple[list[Placement], str | None]:
+        if not waiting:
+            return [], None
+        cfg = self.cfg
+        open_loads = {
+            key: ld for key, ld in loads.items()
+            if ld.backend.available(now, self.stale_after)
+            and not ld.backend.under_pressure(cfg.pressure_waiting_reqs)
+        }
+        if not open_loads:
+            return [], None
+        rooms = _Rooms(open_loads.values())
+        queue, min_need = self._queue(waiting)
+        if rooms.best() < min_need:
+            return [], None
+        heapq.heapify(queue)
+        placements: list[Placement] = []
+        reserved: str | None = None
+        while queue and rooms.best() >= min_need:
+            _, c, _, p = heapq.heappop(queue)
+            target = self._choose(p, c, open_loads, rooms)
+            if target is None:
+                since = p.waiting_since if p.waiting_since is not None else p.created_at
+                if now - since >= cfg.reserve_after_seconds:
+                    reserved = p.id
+                    break
+                continue
+            target.add(target.member(p, 1.0, cfg))
+            rooms.update(target)
+            key = target.backend.key
+            placements.append(
+                Placement(p.id, key, admit=not p.admitted,
+                          migrated=p.admitted and p.prev_backend is not None and p.prev_backend != key)
+            )
+        return placements, reserved
+
+    def _choose(
+        self, p: Program, c: int, open_loads: dict[str, BackendLoad], rooms: _Rooms
+    ) -> BackendLoad | None:
+        """The previous backend if it fits, else the open backend with most free pool that fits."""
+        s = min(p.shared_prefix_tokens, c) if p.prefix_key else 0
+        private = float(c - s)
+        reasoning_add = c + expected_output(p, self.cfg) if p.held else 0.0
+        gate = self.cfg.tier_aware
+
+        def ok(ld: BackendLoad) -> bool:
+            return ld.fits(private + ld.shared_added(p.prefix_key, p.shared_prefix_tokens), reasoning_add, gate)
+
+        prev = open_loads.get(p.prev_backend) if p.prev_backend else None
+        if prev is not None and ok(prev):
+            return prev
+        if private > rooms.best() or (gate and reasoning_add > rooms.best_hbm()):
+            return None
+        return rooms.first(ok)
+
+
+class _Rooms:
+    """Open backends by free pool (largest first), as a lazily invalidated heap.
+
+    An empty backend has unlimited room (it accepts any program); a backend at or above its
+    low watermark accepts nothing this tick and leaves the heap.
+    """
+
+    def __init__(self, loads: Iterable[BackendLoad]) -> None:
+        self._version: dict[int, int] = {}
+        self._heap: list[tuple[float, int, int, BackendLoad]] = []
+        self._hbm: dict[int, float] = {}
+        self._best_hbm = float("-inf")
+        self._seq = 0
+        for ld in loads:
+            self.update(ld)
+
+    def best_hbm(self) -> float:
+        """Most HBM room for reasoning KV on any open backend (inf if one is empty)."""
+        return self._best_hbm
+
+    @staticmethod
+    def _free(ld: BackendLoad) -> float | None:
+        if ld.active == 0:
+            return float("inf")
+        if ld.demand >= ld.limit_lo:
+            return None
+        return ld.limit_hi - ld.demand
+
+    def update(self, ld: BackendLoad) -> None:
+        v = self._version.get(id(ld), 0) + 1
+        self._version[id(ld)] = v
+        free = self._free(ld)
+        old = self._hbm.get(id(ld))
+        self._hbm[id(ld)] = hbm = (float("inf") if ld.active == 0 else ld.hbm_limit - ld.reasoning) if free is not None else float("-inf")
+        if hbm >= self._best_hbm:
+            self._best_hbm = hbm
+        elif old is not None and old >= self._best_hbm:
+            self._best_hbm = max(self._hbm.values())
+        if free is not None:
+            self._seq += 1
+            heapq.heappush(self._heap, (-free, self._seq, v, ld))
+
+    def _clean(self) -> None:
+        h = self._heap
+        while h and self._version[id(h[0][3])] != h[0][2]:
+            heapq.heappop(h)
+
+    def best(self) -> float:
+        self._clean()
+        return -self._heap[0][0] if self._heap else -1.0
+
+    def first(self, ok: Callable[[BackendLoad], bool]) -> BackendLoad | None:
+        """The backend with most room that satisfies ``ok`` (heap order restored after)."""
+        popped = []
+        found = None
+        h = self._heap
+        while True:
+            self._clean()
+            if not h:
+                break
+            entry = heapq.heappop(h)
+            popped.append(entry)
+            if ok(entry[3]):
+                found = entry[3]
+                break
+        for e in popped:
+            heapq.heappush(h, e)
+        return found
+
+
+def apply(decisions: Decisions, programs: ProgramTable, now: float) -> tuple[list[Program], list[Program]]:
+    """Carry out a tick's decisions on the program table, skipping programs that changed
+    state since the tick (released, or started a request in between). Returns the programs
+    actually paused and actually placed."""
+    paused, placed = [], []
+    for pid in decisions.pauses:
+        p = programs.get(pid)
+        if p is not None and p.state is ProgramState.ACTIVE and p.in_flight == 0:
+            programs.pause(p, now)
+            paused.append(p)
+    for pl in decisions.placements:
+        p = programs.get(pl.program_id)
+        if p is None or p.state is not ProgramState.PAUSED or p.admitted == pl.admit:
+            continue
+        if pl.admit:
+            programs.admit(p, pl.backend, now)
+        else:
+            programs.restore(p, pl.backend, now)
+        placed.append(p)
+    return paused, placed
