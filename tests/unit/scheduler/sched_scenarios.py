@@ -1,0 +1,70 @@
+"""Scenario builders for scheduler tests: programs placed by hand, backends by capacity."""
+
+from __future__ import annotations
+
+from thunder_sgl.backends import Backend, Tiers
+from thunder_sgl.programs import Phase, Program, ProgramTable, Usage
+
+
+def backend(name: str, hbm: int, host: int = 0, storage: int = 0, inclusive: bool = True) -> Backend:
+    return Backend(f"http://{name}", 0, Tiers(hbm_tokens=hbm, host_tokens=host, storage_tokens=storage, host_inclusive=inclusive))
+
+
+def active(table: ProgramTable, pid: str, b: Backend, ctx: int, *, now: float = 0.0,
+           acting_since: float | None = None, reasoning: bool = False, held: int = 0,
+           prefix: tuple[str, int] | None = None) -> Program:
+    """An admitted, active program on ``b`` with context ``ctx`` (exact, as from usage)."""
+    p = table.create(pid, now)
+    if prefix:
+        p.prefix_key, p.shared_prefix_tokens = prefix
+    table.admit(p, b.key, now)
+    p.start_request(now, ctx)
+    p.finish_request(now, Usage(ctx, 0), 0.3)
+    p.acting_since = now if acting_since is None else acting_since
+    if reasoning:
+        p.start_request(now, ctx)
+    if held:
+        p.held = held
+    return p
+
+
+def paused(table: ProgramTable, pid: str, prev: Backend | None, ctx: int, *, since: float = 0.0,
+           held: int = 0, prefix: tuple[str, int] | None = None) -> Program:
+    """An admitted program that was paused at ``since`` (last ran on ``prev``)."""
+    p = table.create(pid, since)
+    if prefix:
+        p.prefix_key, p.shared_prefix_tokens = prefix
+    table.admit(p, prev.key if prev else "http://gone", since)
+    p.start_request(since, ctx)
+    p.finish_request(since, Usage(ctx, 0), 0.3)
+    table.pause(p, since)
+    if prev is None:
+        p.prev_backend = None
+    p.held = held
+    return p
+
+
+def new(table: ProgramTable, pid: str, prompt: int, *, since: float = 0.0) -> Program:
+    """A new program whose first request (``prompt`` tokens, estimated) is held."""
+    p = table.create(pid, since)
+    p.hold(since, prompt)
+    return p
+
+
+def naive_demand(table: ProgramTable, b: Backend, now: float, tick: float, x: float, max_k: int) -> float:
+    """Reference implementation of D_b, written independently of scheduler.capacity."""
+    total, shared = 0.0, {}
+    for p in table:
+        if not p.active or p.backend != b.key:
+            continue
+        c = max(p.context_tokens, p.pending_prompt_tokens)
+        if p.phase is Phase.REASONING or p.held:
+            w = 1.0
+        else:
+            k = int((now - p.acting_since) // tick) if now > p.acting_since else 0
+            w = x ** -k if k < max_k else 0.0
+        s = min(p.shared_prefix_tokens, c) if p.prefix_key else 0
+        total += w * (c - s)
+        if p.prefix_key:
+            shared.setdefault(p.prefix_key, p.shared_prefix_tokens)
+    return total + sum(shared.values())
