@@ -1,0 +1,200 @@
+"""The request path: submit / hold / tick / finish / release, without I/O."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from thunder_sgl.backends import Backend, Tiers
+from thunder_sgl.config import GatewayConfig, ProgramsConfig, RouterConfig, SchedulerConfig
+from thunder_sgl.controller import Controller, Ticket
+from thunder_sgl.errors import Conflict, NoBackend, NotFound, Overloaded
+from thunder_sgl.programs import Phase, ProgramState, Usage
+
+
+def make(hbm: int = 10_000, n: int = 1, **sched) -> Controller:
+    cfg = RouterConfig(scheduler=SchedulerConfig(default_output_tokens=100, **sched))
+    c = Controller(cfg)
+    for i in range(n):
+        c.add_backend(Backend(f"http://w{i}", 0, Tiers(hbm_tokens=hbm)))
+    return c
+
+
+def ticket(pid: str | None, tokens: int, chars_per_token: float = 4.0) -> Ticket:
+    return Ticket(program_id=pid, prompt_chars=int(tokens * chars_per_token))
+
+
+def step(c: Controller, pid: str, tokens: int, out: int, now: float) -> Ticket:
+    """Submit, tick if held, and finish one request; returns the ticket."""
+    t = ticket(pid, tokens)
+    if c.submit(t, now) is None:
+        assert t in c.tick(now).dispatched
+    c.finish(t, now + 1, Usage(tokens, out))
+    return t
+
+
+def test_first_request_creates_a_queued_program_admitted_by_the_next_tick():
+    c = make()
+    t = ticket("p", 1000)
+    assert c.submit(t, 0.0) is None
+    p = c.programs.get("p")
+    assert (p.state, p.admitted, p.held, c.held_count) == (ProgramState.PAUSED, False, 1, 1)
+    assert c.wants_tick(0.0)
+    r = c.tick(0.0)
+    assert r.dispatched == [t] and t.backend.key == "http://w0"
+    assert (p.state, p.phase, p.in_flight, p.held, c.stats.admissions) == (ProgramState.ACTIVE, Phase.REASONING, 1, 0, 1)
+
+
+def test_active_program_dispatches_at_once_and_usage_sets_its_context():
+    c = make()
+    step(c, "p", 1000, 200, 0.0)
+    p = c.programs.get("p")
+    assert (p.context_tokens, p.phase, p.steps) == (1200, Phase.ACTING, 1)
+    t = ticket("p", 1500)
+    assert c.submit(t, 5.0) is c.backends["http://w0"]
+    assert p.pending_prompt_tokens == 1500
+
+
+def test_a_second_concurrent_request_of_one_program_is_refused_without_side_effects():
+    c = make()
+    step(c, "p", 1000, 200, 0.0)
+    t1 = ticket("p", 1400)
+    c.submit(t1, 1.0)
+    with pytest.raises(Conflict):
+        c.submit(ticket("p", 1400), 1.0)
+    p = c.programs.get("p")
+    assert (p.in_flight, p.held, c.backends["http://w0"].inflight) == (1, 0, 1)
+
+
+def test_paused_program_request_is_held_and_continues_after_restore():
+    c = make(hbm=2500)
+    step(c, "a", 1000, 200, 0.0)
+    step(c, "b", 1000, 200, 0.0)
+    c.programs.get("b").acting_since = 0.0
+    # a grows past the pool: b (acting) is paused by the tick.
+    ta = ticket("a", 1400)
+    c.submit(ta, 1.0)
+    r = c.tick(1.0)
+    assert [p.id for p in r.paused] == ["b"]
+    tb = ticket("b", 1300)
+    assert c.submit(tb, 2.0) is None and c.held_count == 1
+    c.finish(ta, 3.0, Usage(1400, 200))
+    c.release("a", 3.5)
+    r = c.tick(4.0)
+    assert r.dispatched == [tb] and c.programs.get("b").restores == 1 and c.stats.restores == 1
+
+
+def test_errors_return_the_program_to_acting_and_count_as_failed():
+    c = make()
+    step(c, "p", 1000, 200, 0.0)
+    t = ticket("p", 1400)
+    c.submit(t, 1.0)
+    c.finish(t, 2.0, None)
+    p = c.programs.get("p")
+    assert (p.phase, p.in_flight, p.context_tokens, c.stats.failed_requests) == (Phase.ACTING, 0, 1200, 1)
+    assert c.backends["http://w0"].inflight == 0
+
+
+def test_hbm_gate_holds_a_request_until_a_running_one_finishes():
+    # Pool 30k (host tier, write_back) but HBM only 3000: two 1500-token programs cannot reason together.
+    c = make()
+    c.backends.clear()
+    c.add_backend(Backend("http://w0", 0, Tiers(hbm_tokens=3000, host_tokens=27_000, host_inclusive=False)))
+    step(c, "a", 1000, 100, 0.0)
+    step(c, "b", 1000, 100, 0.0)
+    ta, tb = ticket("a", 1500), ticket("b", 1500)
+    assert c.submit(ta, 1.0) is not None
+    assert c.submit(tb, 1.0) is None and c.stats.gated == 1   # (1500 + 100) × 2 > 3000
+    assert c.finish(ta, 2.0, Usage(1500, 100)) == [tb]
+
+
+def test_paper_variant_has_no_hbm_gate():
+    cfg = RouterConfig(scheduler=SchedulerConfig(default_output_tokens=100))
+    c = Controller(cfg, policy="thunder-paper")
+    c.add_backend(Backend("http://w0", 0, Tiers(hbm_tokens=3000, host_tokens=27_000, host_inclusive=False)))
+    step(c, "a", 1000, 100, 0.0)
+    step(c, "b", 1000, 100, 0.0)
+    assert c.submit(ticket("a", 1400), 1.0) is not None
+    assert c.submit(ticket("b", 1400), 1.0) is not None
+
+
+def test_stateless_requests_use_the_least_loaded_backend_and_are_not_tracked():
+    c = make(n=2)
+    t1, t2 = ticket(None, 100), ticket(None, 100)
+    assert c.submit(t1, 0.0).key == "http://w0"
+    assert c.submit(t2, 0.0).key == "http://w1"
+    c.finish(t1, 1.0, Usage(100, 10))
+    assert len(c.programs) == 0 and c.stats.stateless_requests == 2
+    for b in c.backends.values():
+        b.healthy = False
+    with pytest.raises(NoBackend):
+        c.submit(ticket(None, 1), 2.0)
+
+
+def test_release_returns_held_tickets_and_unknown_release_is_404():
+    c = make(hbm=1000)
+    t = ticket("big", 5000)
+    c.submit(t, 0.0)
+    step(c, "other", 500, 10, 0.0)  # not needed for the assertion; keeps a program active
+    p, held = c.release("big", 1.0)
+    assert p.state is ProgramState.TERMINATED and held in ([t], [])
+    with pytest.raises(NotFound):
+        c.release("big", 1.0)
+
+
+def test_held_requests_expire_after_the_held_timeout():
+    cfg = RouterConfig(gateway=GatewayConfig(held_timeout_seconds=10.0))
+    c = Controller(cfg)  # no backends: nothing can be admitted
+    t = ticket("p", 100)
+    c.submit(t, 0.0)
+    assert c.tick(5.0).expired == []
+    assert c.tick(11.0).expired == [t]
+    assert c.held_count == 0 and c.programs.get("p").held == 0
+
+
+def test_idle_programs_are_released_after_the_idle_timeout():
+    cfg = RouterConfig(programs=ProgramsConfig(idle_timeout_seconds=100.0))
+    c = Controller(cfg)
+    c.add_backend(Backend("http://w0", 0, Tiers(hbm_tokens=10_000)))
+    step(c, "p", 100, 10, 0.0)
+    assert c.tick(50.0).released == []
+    assert [p.id for p in c.tick(102.0).released] == ["p"] and len(c.programs) == 0
+
+
+@pytest.mark.parametrize(
+    ("limits", "fill"),
+    [({"max_waiting_programs": 2}, 2), ({"max_held_requests": 3}, 3)],
+)
+def test_bounded_queues_answer_overloaded_past_their_limit(limits, fill):
+    cfg = RouterConfig(gateway=dataclasses.replace(GatewayConfig(), **limits))
+    c = Controller(cfg)  # no backends: everything waits
+    for i in range(fill):
+        c.submit(ticket(f"p{i}", 100), 0.0)
+    with pytest.raises(Overloaded) as e:
+        c.submit(ticket("one-more", 100), 0.0)
+    assert e.value.retry_after == cfg.gateway.retry_after_seconds
+
+
+def test_prefix_tokens_are_learned_from_the_first_requests_cached_tokens():
+    c = make()
+    t = Ticket("a", prompt_chars=4000, prefix_key="sys", prefix_chars=2000)
+    c.submit(t, 0.0)
+    c.tick(0.0)
+    assert c.programs.get("a").shared_prefix_tokens == 500  # 2000 chars / 4
+    c.finish(t, 1.0, Usage(1000, 10, cached_tokens=480))
+    t2 = Ticket("b", prompt_chars=4000, prefix_key="sys", prefix_chars=2000)
+    c.submit(t2, 2.0)
+    assert c.programs.get("b").shared_prefix_tokens == 480
+
+
+def test_tool_time_restarts_the_decay_clock():
+    c = make()
+    step(c, "p", 1000, 100, 0.0)
+    c.tool_started("p", 2.0)
+    assert c.programs.get("p").acting_since == 2.0
+    c.tool_finished("p", 9.0, 7.0)
+    p = c.programs.get("p")
+    assert (p.acting_since, p.last_tool_seconds, p.total_tool_seconds) == (9.0, 7.0, 7.0)
+    with pytest.raises(NotFound):
+        c.tool_started("nope", 1.0)

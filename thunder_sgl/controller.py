@@ -1,0 +1,378 @@
+"""The request path of the thunder policy, without I/O: programs, backends, policy, tickets.
+
+The gateway (asyncio, HTTP) and the discrete-event benchmark (virtual time) drive the same
+``Controller``, so the benchmark measures the policy the product runs. A request is a
+``Ticket``; ``submit`` either dispatches it now (returns the backend) or holds it. Held tickets
+come back, dispatched, from later calls (``finish``, ``tick``) — the caller then sends them.
+
+Rules (design.md, "Program model" and "Scheduling model"):
+- A request without a program id is stateless: least-loaded backend, never held, never tracked.
+- The first request of an unknown program creates it, new and queued: the next tick (an
+  event-driven one, soon) admits it where it fits.
+- A request of an active program is dispatched unless, in tier-aware mode, the KV of the
+  backend's reasoning programs plus this one would not fit in HBM (the HBM condition): then
+  it is held until a running request on that backend finishes, instead of letting the engine
+  retract.
+- A request of a paused program is held until the program is restored (on any backend).
+- One request per program at a time: a second concurrent request is refused (409), the
+  state of the first is untouched.
+- Completion updates tokens from usage; every end of a request (success, error, abort)
+  returns the program to ACTING — errors never leave it REASONING.
+- Held requests have a timeout; programs idle longer than the idle timeout are released.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from thunder_sgl.backends.backend import Backend
+from thunder_sgl.config import RouterConfig
+from thunder_sgl.errors import Conflict, NoBackend, NotFound, Overloaded
+from thunder_sgl.programs import Program, ProgramState, ProgramTable, Usage
+from thunder_sgl.scheduler import Decisions, apply, least_loaded, make_policy
+from thunder_sgl.scheduler.capacity import expected_output
+
+
+def prefix_key_of(text: str) -> str:
+    """Identity of a shared prefix (e.g. the system prompt)."""
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One client request as the controller sees it."""
+
+    program_id: str | None
+    prompt_chars: int = 0
+    """Size of the prompt text, to estimate tokens before usage is known."""
+    prompt_tokens: int | None = None
+    """Exact prompt tokens when the client sent token ids."""
+    prefix_key: str | None = None
+    prefix_chars: int = 0
+    created: float = 0.0
+    backend: Backend | None = None
+    """Set when dispatched."""
+    program: Program | None = None
+    dispatched_at: float | None = None
+    waiter: Any = None
+    """Free for the caller (an asyncio future in the gateway, an event in the DES)."""
+
+    @property
+    def held_seconds(self) -> float:
+        return 0.0 if self.dispatched_at is None else self.dispatched_at - self.created
+
+
+@dataclass
+class Stats:
+    """Monotonic counters for /metrics and benchmark reports."""
+
+    admissions: int = 0
+    pauses: int = 0
+    restores: int = 0
+    migrations: int = 0
+    held: int = 0
+    gated: int = 0
+    """Requests held by the HBM condition (program active)."""
+    expired: int = 0
+    released: int = 0
+    released_idle: int = 0
+    requests: int = 0
+    stateless_requests: int = 0
+    failed_requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    ticks: int = 0
+
+
+@dataclass
+class TickResult:
+    decisions: Decisions
+    dispatched: list[Ticket] = field(default_factory=list)
+    expired: list[Ticket] = field(default_factory=list)
+    released: list[Program] = field(default_factory=list)
+    paused: list[Program] = field(default_factory=list)
+    placed: list[Program] = field(default_factory=list)
+
+
+class Controller:
+    def __init__(self, config: RouterConfig, policy: str = "thunder") -> None:
+        self.cfg = config
+        self.policy_name = policy
+        self.policy = make_policy(policy, config.scheduler, config.monitor.stale_after_seconds)
+        self.programs = ProgramTable()
+        self.backends: dict[str, Backend] = {}
+        self.stats = Stats()
+        self._held: dict[str, deque[Ticket]] = {}
+        self._held_count = 0
+        self._prefix_tokens: dict[str, int] = {}
+        self._last_tick = float("-inf")
+        self._kick = False
+
+    # ---- backends -----------------------------------------------------------------------
+    def add_backend(self, b: Backend) -> None:
+        self.backends[b.key] = b
+
+    def remove_backend(self, key: str) -> Backend | None:
+        """Drop a backend: its idle programs go back to the queue at the next tick."""
+        self._kick = True
+        return self.backends.pop(key, None)
+
+    def backend_list(self) -> list[Backend]:
+        return list(self.backends.values())
+
+    # ---- request path -------------------------------------------------------------------
+    @property
+    def held_count(self) -> int:
+        return self._held_count
+
+    def submit(self, t: Ticket, now: float) -> Backend | None:
+        """Dispatch ``t`` now (returns its backend) or hold it (returns None).
+        Raises NoBackend (stateless, nothing available), Conflict (concurrent request of one
+        program), Overloaded (bounded queues full)."""
+        t.created = now
+        self.stats.requests += 1
+        if t.program_id is None:
+            b = least_loaded(self.backend_list(), now, self.policy.stale_after)
+            if b is None:
+                raise NoBackend("no available workers", retry_after=self.cfg.gateway.retry_after_seconds)
+            self.stats.stateless_requests += 1
+            return self._dispatch_stateless(t, b, now)
+        p = self.programs.get(t.program_id)
+        if p is None:
+            p = self._create(t, now)
+        elif p.in_flight or p.held:
+            raise Conflict(
+                f"program {p.id!r} already has a request {'in flight' if p.in_flight else 'waiting'}; "
+                "an agent program sends one request at a time",
+                code="program_busy",
+            )
+        t.program = p
+        estimate = self._estimate(p, t)
+        if p.state is ProgramState.ACTIVE and self._gate_open(p, estimate):
+            return self._dispatch(t, p, now, estimate)
+        return self._hold(t, p, now, estimate)
+
+    def finish(self, t: Ticket, now: float, usage: Usage | None) -> list[Ticket]:
+        """A dispatched request ended (usage None: failed or aborted). Returns held tickets
+        that the freed HBM room lets through now."""
+        b = t.backend
+        if b is not None:
+            b.inflight = max(0, b.inflight - 1)
+        if usage is not None:
+            self.stats.prompt_tokens += usage.prompt_tokens
+            self.stats.cached_tokens += usage.cached_tokens
+        else:
+            self.stats.failed_requests += 1
+        p = t.program
+        if p is None or self.programs.get(p.id) is not p or p.in_flight == 0:
+            return []  # stateless, or released meanwhile
+        first = p.steps == 0
+        p.finish_request(now, usage, self.cfg.scheduler.output_ema_alpha)
+        if usage is not None:
+            if t.prompt_chars and usage.prompt_tokens:
+                cpt = t.prompt_chars / usage.prompt_tokens
+                p.chars_per_token = cpt if p.chars_per_token <= 0 else 0.7 * p.chars_per_token + 0.3 * cpt
+            if first and p.prefix_key and usage.cached_tokens > 0:
+                learned = min(usage.cached_tokens, usage.prompt_tokens)
+                if learned > self._prefix_tokens.get(p.prefix_key, 0):
+                    self._prefix_tokens[p.prefix_key] = learned
+                p.shared_prefix_tokens = max(p.shared_prefix_tokens, learned)
+        return self._drain_gated(b, now) if b is not None else []
+
+    def cancel(self, t: Ticket) -> bool:
+        """Withdraw a held ticket (client gone, or timed out). True if it was held."""
+        p = t.program
+        if p is None or t.dispatched_at is not None:
+            return False
+        q = self._held.get(p.id)
+        if not q or t not in q:
+            return False
+        q.remove(t)
+        if not q:
+            del self._held[p.id]
+        self._held_count -= 1
+        if self.programs.get(p.id) is p:
+            p.unhold()
+            if not p.held:
+                p.pending_prompt_tokens = 0
+        return True
+
+    def release(self, pid: str, now: float) -> tuple[Program, list[Ticket]]:
+        """Terminate a program: accounting dropped; its held tickets are returned (the caller
+        answers them). Raises NotFound for an unknown program."""
+        p = self.programs.remove(pid, now)
+        if p is None:
+            raise NotFound(f"program {pid!r} not found (never seen, or already released)", code="program_not_found")
+        q = self._held.pop(pid, deque())
+        self._held_count -= len(q)
+        self.stats.released += 1
+        self._kick = True
+        return p, list(q)
+
+    def tool_started(self, pid: str, now: float) -> None:
+        p = self._require(pid)
+        p.tool_started(now)
+        if p.in_flight == 0:
+            p.acting_since = now
+
+    def tool_finished(self, pid: str, now: float, seconds: float) -> None:
+        """The tool returned: the program's next LLM call is imminent, so its decay clock
+        restarts (its KV is about to be needed again)."""
+        p = self.programs.get(pid)
+        if p is None:
+            return
+        p.tool_finished(now, seconds)
+        if p.in_flight == 0:
+            p.acting_since = now
+
+    # ---- the tick -----------------------------------------------------------------------
+    def wants_tick(self, now: float) -> bool:
+        """An event-driven tick is due: something arrived that waits for the scheduler."""
+        return self._kick and now - self._last_tick >= self.cfg.scheduler.kick_min_interval_seconds
+
+    def tick(self, now: float) -> TickResult:
+        self._last_tick = now
+        self._kick = False
+        self.stats.ticks += 1
+        d = self.policy.tick(now, self.programs, self.backend_list())
+        paused, placed = apply(d, self.programs, now)
+        self.stats.pauses += len(paused)
+        admitted = [p for p in placed if p.restores == 0]
+        self.stats.admissions += len(admitted)
+        self.stats.restores += len(placed) - len(admitted)
+        placed_ids = {p.id for p in placed}
+        self.stats.migrations += sum(1 for pl in d.placements if pl.migrated and pl.program_id in placed_ids)
+        res = TickResult(decisions=d, paused=paused, placed=placed)
+        for p in placed:
+            res.dispatched.extend(self._drain_program(p, now))
+        for b in self.backend_list():
+            res.dispatched.extend(self._drain_gated(b, now))
+        res.expired = self._expire(now)
+        res.released = self._release_idle(now)
+        return res
+
+    def queue(self, now: float) -> list[Program]:
+        """The global waiting queue, best first."""
+        return self.policy.queue_order(now, self.programs.waiting())
+
+    # ---- internals ----------------------------------------------------------------------
+    def _require(self, pid: str) -> Program:
+        p = self.programs.get(pid)
+        if p is None:
+            raise NotFound(f"program {pid!r} not found (never seen, or already released)", code="program_not_found")
+        return p
+
+    def _create(self, t: Ticket, now: float) -> Program:
+        g = self.cfg.gateway
+        if len(self.programs) >= self.cfg.programs.max_programs:
+            raise Overloaded(f"router tracks {len(self.programs)} programs (max_programs); release finished programs",
+                             retry_after=g.retry_after_seconds)
+        if self.programs.waiting_count >= g.max_waiting_programs:
+            raise Overloaded(f"{self.programs.waiting_count} programs already wait for admission (max_waiting_programs)",
+                             retry_after=g.retry_after_seconds)
+        p = self.programs.create(t.program_id, now)  # type: ignore[arg-type]
+        if t.prefix_key:
+            p.prefix_key = t.prefix_key
+            p.shared_prefix_tokens = self._prefix_tokens.get(
+                t.prefix_key, int(t.prefix_chars / self.cfg.programs.chars_per_token))
+        return p
+
+    def _estimate(self, p: Program, t: Ticket) -> int:
+        if t.prompt_tokens is not None:
+            return t.prompt_tokens
+        cpt = p.chars_per_token if p.chars_per_token > 0 else self.cfg.programs.chars_per_token
+        return int(t.prompt_chars / cpt)
+
+    def _gate_open(self, p: Program, estimate: int) -> bool:
+        """The HBM condition: reasoning KV on p's backend, with p, fits hbm_lambda × HBM."""
+        cfg = self.policy.cfg
+        if not cfg.tier_aware or p.backend is None:
+            return True
+        b = self.backends.get(p.backend)
+        if b is None:
+            return False
+        reasoning = [q for q in self.programs.on_backend(p.backend) if q.in_flight and q is not p]
+        if not reasoning:
+            return True
+        used = sum(q.demand_tokens() + expected_output(q, cfg) for q in reasoning)
+        need = max(p.context_tokens, estimate) + expected_output(p, cfg)
+        return used + need <= cfg.hbm_lambda * b.tiers.hbm_tokens
+
+    def _dispatch(self, t: Ticket, p: Program, now: float, estimate: int) -> Backend:
+        b = self.backends[p.backend]  # type: ignore[index]
+        p.start_request(now, estimate)
+        b.inflight += 1
+        t.backend, t.dispatched_at = b, now
+        return b
+
+    def _dispatch_stateless(self, t: Ticket, b: Backend, now: float) -> Backend:
+        b.inflight += 1
+        t.backend, t.dispatched_at = b, now
+        return b
+
+    def _hold(self, t: Ticket, p: Program, now: float, estimate: int) -> None:
+        if self._held_count >= self.cfg.gateway.max_held_requests:
+            raise Overloaded(f"{self._held_count} requests are already held (max_held_requests)",
+                             retry_after=self.cfg.gateway.retry_after_seconds)
+        p.hold(now, estimate)
+        self._held.setdefault(p.id, deque()).append(t)
+        self._held_count += 1
+        self.stats.held += 1
+        if p.state is ProgramState.ACTIVE:
+            self.stats.gated += 1
+        else:
+            self._kick = True
+        return None
+
+    def _drain_program(self, p: Program, now: float) -> list[Ticket]:
+        q = self._held.get(p.id)
+        out = []
+        while q and p.state is ProgramState.ACTIVE and p.in_flight == 0:
+            t = q[0]
+            est = self._estimate(p, t)
+            if not self._gate_open(p, est):
+                break
+            q.popleft()
+            self._held_count -= 1
+            p.unhold()
+            self._dispatch(t, p, now, est)
+            out.append(t)
+        if q is not None and not q:
+            self._held.pop(p.id, None)
+        return out
+
+    def _drain_gated(self, b: Backend, now: float) -> list[Ticket]:
+        """Held tickets of active programs on ``b``, oldest first, while the HBM gate lets them."""
+        if not self._held:
+            return []
+        cands = [p for p in self.programs.on_backend(b.key) if p.held and p.id in self._held]
+        cands.sort(key=lambda p: self._held[p.id][0].created)
+        out: list[Ticket] = []
+        for p in cands:
+            out.extend(self._drain_program(p, now))
+        return out
+
+    def _expire(self, now: float) -> list[Ticket]:
+        limit = self.cfg.gateway.held_timeout_seconds
+        out = []
+        for pid in list(self._held):
+            for t in list(self._held.get(pid, ())):
+                if now - t.created > limit:
+                    self.cancel(t)
+                    out.append(t)
+        self.stats.expired += len(out)
+        return out
+
+    def _release_idle(self, now: float) -> list[Program]:
+        limit = self.cfg.programs.idle_timeout_seconds
+        idle = [p.id for p in self.programs if not p.in_flight and not p.held and not p.tool_running
+                and now - p.last_active > limit]
+        out = []
+        for pid in idle:
+            p, _ = self.release(pid, now)
+            out.append(p)
+        self.stats.released_idle += len(out)
+        return out
