@@ -1,0 +1,3 @@
+from thunder_sgl.cli import main
+
+main()

@@ -1,0 +1,257 @@
+"""The monitor: registers workers and keeps each (worker, dp_rank) backend's numbers fresh.
+
+Registration reads ``/server_info`` (falling back to ``/get_server_info``) for the HBM
+capacity per rank, ``dp_size`` and the HiCache settings, and ``/model_info``; until it
+succeeds the worker is retried in the background (as sglang_router does) and serves nothing.
+Then every ``poll_interval`` it reads ``/v1/loads?include=core,queues`` (per-rank usage,
+queueing, retraction) and ``/metrics`` (HiCache host-tier gauges). A poll that fails counts
+towards ``failure_threshold``; past it the worker is unhealthy, and its backends count as full
+(the scheduler sends their idle programs back to the global queue). ``success_threshold`` good
+polls bring it back. A connection refused on the request path marks it unhealthy at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+
+from thunder_sgl.backends.backend import Backend
+from thunder_sgl.backends.parse import (
+    ParseError,
+    WorkerInfo,
+    host_tier_by_rank,
+    parse_loads,
+    parse_prometheus,
+    parse_server_info,
+)
+from thunder_sgl.config import MonitorConfig
+
+log = logging.getLogger("thunder_sgl.monitor")
+
+
+@dataclass(eq=False)
+class Worker:
+    url: str
+    id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    info: WorkerInfo | None = None
+    model_info: dict[str, Any] | None = None
+    backends: list[Backend] = field(default_factory=list)
+    healthy: bool = False
+    registered: bool = False
+    fails: int = 0
+    oks: int = 0
+    last_error: str | None = None
+    metrics_supported: bool = True
+    task: asyncio.Task[None] | None = None
+
+    @property
+    def model_id(self) -> str:
+        return self.info.model_path if self.info else "unknown"
+
+    def describe(self) -> dict[str, Any]:
+        """The item of ``GET /workers`` (sglang_router's shape, plus thunder fields)."""
+        return {
+            "id": self.id,
+            "url": self.url,
+            "model_id": self.model_id,
+            "priority": 50,
+            "cost": 1.0,
+            "worker_type": "regular",
+            "is_healthy": self.healthy,
+            "load": sum(b.inflight for b in self.backends),
+            "connection_mode": "http",
+            "metadata": {
+                "model_path": self.model_id,
+                "dp_size": str(self.info.dp_size if self.info else 1),
+                "disaggregation_mode": "null",
+            },
+            "registered": self.registered,
+            "last_error": self.last_error,
+            "backends": [
+                {
+                    "key": b.key,
+                    "dp_rank": b.dp_rank,
+                    "hbm_tokens": b.tiers.hbm_tokens,
+                    "host_tokens": b.tiers.host_tokens,
+                    "storage_tokens": b.tiers.storage_tokens,
+                    "used_tokens": b.live.used_tokens,
+                    "host_used_tokens": b.live.host_used_tokens,
+                    "running_reqs": b.live.running_reqs,
+                    "waiting_reqs": b.live.waiting_reqs,
+                    "inflight": b.inflight,
+                }
+                for b in self.backends
+            ],
+        }
+
+
+class Monitor:
+    def __init__(
+        self,
+        cfg: MonitorConfig,
+        session: aiohttp.ClientSession,
+        on_backends: Callable[[Worker], None],
+        on_remove: Callable[[Worker], None],
+        headers: dict[str, str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cfg = cfg
+        self.session = session
+        self.on_backends = on_backends
+        self.on_remove = on_remove
+        self.headers = headers or {}
+        self.clock = clock
+        self.workers: dict[str, Worker] = {}
+
+    # ---- registry -----------------------------------------------------------------------
+    def add(self, url: str) -> Worker:
+        url = url.rstrip("/")
+        for w in self.workers.values():
+            if w.url == url:
+                return w
+        w = Worker(url=url)
+        self.workers[w.id] = w
+        w.task = asyncio.get_running_loop().create_task(self._run(w), name=f"monitor {url}")
+        return w
+
+    def find(self, id_or_url: str) -> Worker | None:
+        w = self.workers.get(id_or_url)
+        if w is None:
+            url = id_or_url.rstrip("/")
+            w = next((x for x in self.workers.values() if x.url == url), None)
+        return w
+
+    async def remove(self, worker_id: str) -> Worker | None:
+        w = self.workers.pop(worker_id, None)
+        if w is None:
+            return None
+        if w.task:
+            w.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await w.task
+        self.on_remove(w)
+        return w
+
+    async def close(self) -> None:
+        for w in list(self.workers.values()):
+            if w.task:
+                w.task.cancel()
+        for w in list(self.workers.values()):
+            if w.task:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await w.task
+
+    def healthy_workers(self) -> list[Worker]:
+        return [w for w in self.workers.values() if w.registered and w.healthy]
+
+    def suspect(self, backend: Backend, reason: str) -> None:
+        """The request path could not connect: mark the worker unhealthy now."""
+        for w in self.workers.values():
+            if backend in w.backends and w.healthy:
+                log.warning("worker %s unreachable (%s): marked unhealthy", w.url, reason)
+                self._set_health(w, False, reason)
+
+    # ---- loop ---------------------------------------------------------------------------
+    async def _run(self, w: Worker) -> None:
+        delay = 0.5
+        while not w.registered:
+            try:
+                await self._register(w)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # keep retrying: the worker may still be starting
+                w.last_error = f"registration: {e}"
+                log.info("worker %s not ready (%s); retrying in %.1fs", w.url, e, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        while True:
+            await self.poll(w)
+            await asyncio.sleep(self.cfg.poll_interval_seconds)
+
+    async def _get(self, w: Worker, path: str) -> tuple[int, bytes]:
+        timeout = aiohttp.ClientTimeout(total=self.cfg.request_timeout_seconds)
+        async with self.session.get(w.url + path, headers=self.headers, timeout=timeout) as r:
+            return r.status, await r.read()
+
+    async def _get_json(self, w: Worker, *paths: str) -> Any:
+        for path in paths:
+            status, body = await self._get(w, path)
+            if status == 404:
+                continue
+            if status != 200:
+                raise ParseError(f"GET {path} -> {status}")
+            return orjson.loads(body)
+        raise ParseError(f"none of {paths} exists")
+
+    async def _register(self, w: Worker) -> None:
+        info = parse_server_info(await self._get_json(w, "/server_info", "/get_server_info"))
+        try:
+            w.model_info = await self._get_json(w, "/model_info", "/get_model_info")
+        except (ParseError, aiohttp.ClientError, ValueError):
+            w.model_info = None
+        w.info = info
+        w.backends = [Backend(w.url, r, info.tiers(), monitored=True, model_id=info.model_path)
+                      for r in range(info.dp_size)]
+        w.registered = True
+        w.last_error = None
+        await self.poll(w)
+        self.on_backends(w)
+        log.info("registered %s: model=%s dp=%d hbm=%d host=%d tokens/rank", w.url, info.model_path,
+                 info.dp_size, info.hbm_tokens, w.backends[0].tiers.host_tokens)
+
+    async def poll(self, w: Worker) -> None:
+        """One reading of /v1/loads (+ /metrics); updates health and live numbers."""
+        try:
+            loads = parse_loads(await self._get_json(w, "/v1/loads?include=core,queues"))
+            host: dict[int, tuple[int, int]] = {}
+            if w.metrics_supported:
+                status, body = await self._get(w, "/metrics")
+                if status == 200:
+                    host = host_tier_by_rank(parse_prometheus(body.decode(errors="replace")))
+                elif status == 404:
+                    w.metrics_supported = False  # worker runs without --enable-metrics
+        except asyncio.CancelledError:
+            raise
+        except (aiohttp.ClientError, asyncio.TimeoutError, ParseError, ValueError, OSError) as e:
+            w.fails += 1
+            w.oks = 0
+            w.last_error = f"poll: {type(e).__name__}: {e}"
+            if w.healthy and w.fails >= self.cfg.failure_threshold:
+                log.warning("worker %s failed %d polls: marked unhealthy", w.url, w.fails)
+                self._set_health(w, False, w.last_error)
+            return
+        now = self.clock()
+        for r in loads:
+            if r.dp_rank >= len(w.backends):
+                continue
+            b = w.backends[r.dp_rank]
+            lv = b.live
+            lv.used_tokens, lv.running_reqs, lv.waiting_reqs = r.used_tokens, r.running_reqs, r.waiting_reqs
+            lv.token_usage, lv.cache_hit_rate, lv.retracted_reqs = r.token_usage, r.cache_hit_rate, r.retracted_reqs
+            lv.updated_at = now
+            if r.dp_rank in host:
+                total, used = host[r.dp_rank]
+                b.tiers.host_tokens = total
+                lv.host_used_tokens = used
+        w.fails = 0
+        w.oks += 1
+        if not w.healthy and w.oks >= self.cfg.success_threshold:
+            if w.registered:
+                log.info("worker %s healthy", w.url)
+            self._set_health(w, True, None)
+
+    def _set_health(self, w: Worker, healthy: bool, reason: str | None) -> None:
+        w.healthy = healthy
+        if reason:
+            w.last_error = reason
+        for b in w.backends:
+            b.healthy = healthy

@@ -1,0 +1,172 @@
+"""Pure parsers: SGLang worker responses → numbers the scheduler uses.
+
+No I/O here; the monitor fetches, these functions turn text/JSON into ``Tiers`` and ``Live``.
+Field names follow SGLang 0.5.23 (sglang-surface.md §1.2–1.4, §2.2–2.3).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from thunder_sgl.backends.backend import INCLUSIVE_WRITE_POLICIES, Tiers
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """What registration learns from ``/server_info`` (and ``/model_info``)."""
+
+    model_path: str
+    dp_size: int
+    hbm_tokens: int
+    """``max_total_num_tokens`` per DP rank."""
+    page_size: int = 1
+    hicache: bool = False
+    hicache_ratio: float = 0.0
+    hicache_size_gb: float = 0.0
+    write_policy: str = "write_through"
+    storage_backend: str | None = None
+    storage_tokens: int = 0
+    kv_bytes_per_token: int = 0
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def tiers(self) -> Tiers:
+        host = 0
+        if self.hicache:
+            if self.hicache_size_gb > 0 and self.kv_bytes_per_token > 0:
+                host = int(self.hicache_size_gb * 1e9 / self.kv_bytes_per_token)
+            else:
+                host = int(self.hbm_tokens * (self.hicache_ratio or 2.0))
+        return Tiers(
+            hbm_tokens=self.hbm_tokens,
+            host_tokens=host,
+            storage_tokens=self.storage_tokens if self.hicache else 0,
+            host_inclusive=self.write_policy in INCLUSIVE_WRITE_POLICIES,
+            kv_bytes_per_token=self.kv_bytes_per_token,
+        )
+
+
+class ParseError(ValueError):
+    """A worker answered something we cannot use."""
+
+
+def _num(d: dict[str, Any], *keys: str, default: float | None = None) -> float:
+    for k in keys:
+        v = d.get(k)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return float(v)
+    if default is None:
+        raise ParseError(f"missing numeric field {keys[0]!r}")
+    return default
+
+
+def parse_server_info(data: Any) -> WorkerInfo:
+    """``GET /server_info`` (or the deprecated ``/get_server_info``)."""
+    if not isinstance(data, dict):
+        raise ParseError("server_info is not a JSON object")
+    hbm = data.get("max_total_num_tokens")
+    if not isinstance(hbm, (int, float)):
+        states = data.get("internal_states") or []
+        if states and isinstance(states[0], dict) and "max_total_num_tokens" in states[0]:
+            hbm = states[0]["max_total_num_tokens"]
+    if not isinstance(hbm, (int, float)) or hbm <= 0:
+        raise ParseError("server_info has no positive max_total_num_tokens")
+    storage = data.get("hicache_storage_backend")
+    return WorkerInfo(
+        model_path=str(data.get("model_path") or data.get("served_model_name") or "unknown"),
+        dp_size=int(_num(data, "dp_size", default=1)) or 1,
+        hbm_tokens=int(hbm),
+        page_size=int(_num(data, "page_size", default=1)) or 1,
+        hicache=bool(data.get("enable_hierarchical_cache") or data.get("enable_hicache")),
+        hicache_ratio=_num(data, "hicache_ratio", default=0.0),
+        hicache_size_gb=_num(data, "hicache_size", default=0.0),
+        write_policy=str(data.get("hicache_write_policy") or "write_through"),
+        storage_backend=str(storage) if storage else None,
+        storage_tokens=int(_num(data, "hicache_storage_capacity_tokens", default=0.0)),
+        kv_bytes_per_token=int(_num(data, "kv_bytes_per_token", default=0.0)),
+        raw=data,
+    )
+
+
+@dataclass(frozen=True)
+class RankLoad:
+    """One DP rank's entry of ``/v1/loads``."""
+
+    dp_rank: int
+    used_tokens: int
+    max_total_tokens: int
+    running_reqs: int
+    waiting_reqs: int
+    token_usage: float
+    cache_hit_rate: float
+    retracted_reqs: int
+
+
+def parse_loads(data: Any) -> list[RankLoad]:
+    """``GET /v1/loads?include=core,queues``: one entry per DP rank."""
+    if not isinstance(data, dict) or not isinstance(data.get("loads"), list):
+        raise ParseError("/v1/loads has no 'loads' list")
+    out = []
+    for i, e in enumerate(data["loads"]):
+        if not isinstance(e, dict):
+            raise ParseError("/v1/loads entry is not an object")
+        queues = e.get("queues") if isinstance(e.get("queues"), dict) else {}
+        out.append(
+            RankLoad(
+                dp_rank=int(_num(e, "dp_rank", default=float(i))),
+                used_tokens=int(_num(e, "num_used_tokens", default=0.0)),
+                max_total_tokens=int(_num(e, "max_total_num_tokens", "num_total_tokens", default=0.0)),
+                running_reqs=int(_num(e, "num_running_reqs", default=0.0)),
+                waiting_reqs=int(_num(e, "num_waiting_reqs", default=0.0)),
+                token_usage=_num(e, "token_usage", default=0.0),
+                cache_hit_rate=_num(e, "cache_hit_rate", default=0.0),
+                retracted_reqs=int(_num(queues, "retracted", default=0.0)),
+            )
+        )
+    return out
+
+
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)')
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
+def parse_prometheus(text: str) -> Samples:
+    """Prometheus text exposition → {metric name: [(labels, value), ...]}. Comments skipped."""
+    out: Samples = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if not m:
+            continue
+        name, labels_s, value_s = m.groups()
+        try:
+            value = float(value_s)
+        except ValueError:
+            continue
+        if math.isnan(value):
+            continue
+        labels = dict(_LABEL.findall(labels_s)) if labels_s else {}
+        out.setdefault(name, []).append((labels, value))
+    return out
+
+
+def metric_by_rank(samples: Samples, name: str) -> dict[int, float]:
+    """Values of ``name`` per ``dp_rank`` label (0 when unlabelled), summed over other labels
+    such as ``tp_rank`` only where a rank reports once per TP group (take the max)."""
+    out: dict[int, float] = {}
+    for labels, value in samples.get(name, []):
+        rank = int(labels.get("dp_rank", "0") or 0)
+        out[rank] = max(out.get(rank, float("-inf")), value)
+    return out
+
+
+def host_tier_by_rank(samples: Samples) -> dict[int, tuple[int, int]]:
+    """HiCache host tier per DP rank: (total tokens, used tokens); empty without HiCache."""
+    total = metric_by_rank(samples, "sglang:hicache_host_total_tokens")
+    used = metric_by_rank(samples, "sglang:hicache_host_used_tokens")
+    return {r: (int(total[r]), int(used.get(r, 0))) for r in total}

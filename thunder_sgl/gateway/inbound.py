@@ -1,0 +1,172 @@
+"""Pure parsing of inference requests: validate, find the program id, size the prompt.
+
+Takes the raw body bytes and headers of ``/v1/chat/completions``, ``/v1/completions`` or
+``/generate``; returns an ``Inbound`` with the body to forward (``program_id`` stripped), the
+program id, the prompt size and the shared-prefix identity — or raises ``BadRequest`` naming
+the offending field. Only what routing needs is checked here; the worker validates the rest.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from thunder_sgl.controller import prefix_key_of
+from thunder_sgl.errors import BadRequest
+
+PROGRAM_ID_RE = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,256}$")
+PROGRAM_HEADERS = ("x-program-id", "x-smg-routing-key")
+PREFIX_PROBE_CHARS = 1024
+
+
+@dataclass
+class Inbound:
+    route: str
+    """"chat", "completions" or "generate"."""
+    body: dict[str, Any]
+    program_id: str | None
+    stream: bool
+    include_usage: bool
+    """The client asked for the usage chunk at the end of the stream."""
+    prompt_chars: int
+    prompt_tokens: int | None
+    prefix_key: str | None
+    prefix_chars: int
+
+
+def check_program_id(value: Any, where: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise BadRequest(f"{where} must be a string", param="program_id", code="invalid_program_id")
+    pid = str(value)
+    if not PROGRAM_ID_RE.match(pid):
+        raise BadRequest(
+            f"{where} must be 1-256 characters of letters, digits and ._:@/+=- (got {pid[:40]!r})",
+            param="program_id",
+            code="invalid_program_id",
+        )
+    return pid
+
+
+def _content_chars(content: Any, where: str) -> int:
+    if content is None:
+        return 0
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        n = 0
+        for part in content:
+            if isinstance(part, dict):
+                text = part.get("text")
+                n += len(text) if isinstance(text, str) else 0
+            elif isinstance(part, str):
+                n += len(part)
+            else:
+                raise BadRequest(f"{where} parts must be objects", param=where)
+        return n
+    raise BadRequest(f"{where} must be a string, a list of parts or null", param=where)
+
+
+def _check_common(body: dict[str, Any], route: str) -> tuple[bool, bool]:
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest("'stream' must be a boolean", param="stream")
+    opts = body.get("stream_options")
+    include_usage = False
+    if opts is not None:
+        if not isinstance(opts, dict):
+            raise BadRequest("'stream_options' must be an object", param="stream_options")
+        if not stream:
+            raise BadRequest("'stream_options' is only allowed when 'stream' is true", param="stream_options")
+        iu = opts.get("include_usage", False)
+        if not isinstance(iu, bool):
+            raise BadRequest("'stream_options.include_usage' must be a boolean", param="stream_options.include_usage")
+        include_usage = iu
+    for key in ("max_tokens", "max_completion_tokens", "n"):
+        v = body.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise BadRequest(f"'{key}' must be a non-negative integer", param=key)
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("'model' must be a string", param="model")
+    return stream, include_usage
+
+
+def parse_inbound(route: str, raw: bytes, headers: dict[str, str]) -> Inbound:
+    """Validate and size one inference request. ``headers`` keys must be lower-case."""
+    if not raw.strip():
+        raise BadRequest("request body is empty; expected a JSON object", code="invalid_json")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise BadRequest(f"request body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object", code="invalid_json")
+
+    pid: str | None = None
+    if "program_id" in body:
+        raw_pid = body.pop("program_id")
+        if raw_pid is not None:
+            pid = check_program_id(raw_pid, "'program_id'")
+    if pid is None:
+        for h in PROGRAM_HEADERS:
+            if headers.get(h):
+                pid = check_program_id(headers[h], f"header {h}")
+                break
+
+    prompt_tokens: int | None = None
+    prefix_key, prefix_chars = None, 0
+    if route == "chat":
+        stream, include_usage = _check_common(body, route)
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not msgs:
+            raise BadRequest("'messages' must be a non-empty list", param="messages")
+        chars = 0
+        for i, m in enumerate(msgs):
+            if not isinstance(m, dict):
+                raise BadRequest(f"'messages[{i}]' must be an object", param=f"messages[{i}]")
+            if not isinstance(m.get("role"), str):
+                raise BadRequest(f"'messages[{i}].role' must be a string", param=f"messages[{i}].role")
+            chars += _content_chars(m.get("content"), f"messages[{i}].content")
+        first = msgs[0]
+        if first.get("role") in ("system", "developer") and isinstance(first.get("content"), str):
+            prefix_key, prefix_chars = prefix_key_of(first["content"]), len(first["content"])
+    elif route == "completions":
+        stream, include_usage = _check_common(body, route)
+        prompt = body.get("prompt")
+        chars, prompt_tokens, head = _prompt_size(prompt, "prompt")
+        if head:
+            prefix_key = prefix_key_of(head)
+    elif route == "generate":
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            raise BadRequest("'stream' must be a boolean", param="stream")
+        include_usage = False
+        sp = body.get("sampling_params")
+        if sp is not None and not isinstance(sp, dict):
+            raise BadRequest("'sampling_params' must be an object", param="sampling_params")
+        if body.get("text") is None and body.get("input_ids") is None:
+            raise BadRequest("one of 'text' or 'input_ids' is required", param="text")
+        if body.get("text") is not None:
+            chars, prompt_tokens, head = _prompt_size(body["text"], "text")
+        else:
+            chars, prompt_tokens, head = _prompt_size(body["input_ids"], "input_ids")
+        if head:
+            prefix_key = prefix_key_of(head)
+    else:  # pragma: no cover - routes are fixed
+        raise ValueError(route)
+    return Inbound(route, body, pid, stream, include_usage, chars, prompt_tokens, prefix_key, prefix_chars)
+
+
+def _prompt_size(prompt: Any, field: str) -> tuple[int, int | None, str]:
+    """(characters, exact tokens if token ids, head text used as a prefix identity)."""
+    if isinstance(prompt, str):
+        return len(prompt), None, prompt[:PREFIX_PROBE_CHARS] if len(prompt) > PREFIX_PROBE_CHARS else ""
+    if isinstance(prompt, list) and prompt and all(isinstance(x, int) and not isinstance(x, bool) for x in prompt):
+        head = ",".join(map(str, prompt[:256])) if len(prompt) > 256 else ""
+        return 0, len(prompt), head
+    if isinstance(prompt, list) and prompt and all(isinstance(x, str) for x in prompt):
+        return sum(len(x) for x in prompt), None, ""
+    raise BadRequest(f"'{field}' must be a string, a list of strings or a list of token ids", param=field)

@@ -1,0 +1,105 @@
+"""Prometheus metrics of the thunder router (one registry per app).
+
+Request-path counters and the held-wait histogram are updated as things happen; program,
+backend and scheduler state is read at scrape time by a custom collector (no bookkeeping twice).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from thunder_sgl.programs import Phase, ProgramState
+
+if TYPE_CHECKING:
+    from thunder_sgl.controller import Ticket, TickResult
+    from thunder_sgl.gateway.runtime import Gateway
+
+HELD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
+
+
+class GatewayMetrics:
+    def __init__(self, gw: Gateway) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter("thunder_requests", "Inference requests by route and status",
+                                ["route", "status"], registry=self.registry)
+        self.upstream_errors = Counter("thunder_upstream_errors", "Upstream failures by kind",
+                                       ["kind"], registry=self.registry)
+        self.held_wait = Histogram("thunder_held_wait_seconds", "Time requests were held before dispatch",
+                                   buckets=HELD_BUCKETS, registry=self.registry)
+        self.registry.register(_StateCollector(gw))
+        self.last_demand: dict[str, float] = {}
+
+    def observe_held(self, t: Ticket) -> None:
+        self.held_wait.observe(t.held_seconds)
+
+    def on_tick(self, res: TickResult) -> None:
+        self.last_demand = dict(res.decisions.demand)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _StateCollector(Collector):
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+
+    def describe(self) -> list[Any]:
+        return []  # state is read at scrape time only
+
+    def collect(self) -> Iterator[Any]:
+        c = self.gw.controller
+        by = GaugeMetricFamily("thunder_programs", "Live programs by state and phase", labels=["state", "phase"])
+        counts: dict[tuple[str, str], int] = {}
+        for p in c.programs:
+            k = (p.state.value if p.admitted or p.state is not ProgramState.PAUSED else "new", p.phase.value)
+            counts[k] = counts.get(k, 0) + 1
+        for st in ("active", "paused", "new"):
+            for ph in (Phase.REASONING.value, Phase.ACTING.value):
+                by.add_metric([st, ph], counts.get((st, ph), 0))
+        yield by
+        yield GaugeMetricFamily("thunder_held_requests", "Requests held for paused programs or by the HBM gate",
+                                value=c.held_count)
+        yield GaugeMetricFamily("thunder_waiting_programs", "Programs in the global waiting queue",
+                                value=c.programs.waiting_count)
+        s = c.stats
+        for name, value, doc in (
+            ("thunder_admissions", s.admissions, "New programs admitted"),
+            ("thunder_pauses", s.pauses, "Program pauses"),
+            ("thunder_restores", s.restores, "Program restores"),
+            ("thunder_migrations", s.migrations, "Restores onto a different backend"),
+            ("thunder_held", s.held, "Requests held (total)"),
+            ("thunder_gated", s.gated, "Requests held by the HBM condition (total)"),
+            ("thunder_held_expired", s.expired, "Held requests answered 503 after held_timeout"),
+            ("thunder_released", s.released, "Programs released"),
+            ("thunder_released_idle", s.released_idle, "Programs released by the idle timeout"),
+            ("thunder_ticks", s.ticks, "Scheduler ticks"),
+            ("thunder_usage_prompt_tokens", s.prompt_tokens, "Prompt tokens reported in usage"),
+            ("thunder_usage_cached_tokens", s.cached_tokens, "Cached prompt tokens reported in usage"),
+        ):
+            yield CounterMetricFamily(name, doc, value=value)
+        rate = s.cached_tokens / s.prompt_tokens if s.prompt_tokens else 0.0
+        yield GaugeMetricFamily("thunder_kv_hit_rate", "Cached / prompt tokens seen in usage since start", value=rate)
+        demand = GaugeMetricFamily("thunder_backend_demand_tokens", "Decayed program demand per backend at the last tick",
+                                   labels=["backend"])
+        cap = GaugeMetricFamily("thunder_backend_capacity_tokens", "Capacity per backend and tier",
+                                labels=["backend", "tier"])
+        used = GaugeMetricFamily("thunder_backend_used_tokens", "Engine-reported used tokens per backend and tier",
+                                 labels=["backend", "tier"])
+        healthy = GaugeMetricFamily("thunder_backend_healthy", "1 when the backend is available", labels=["backend"])
+        active = GaugeMetricFamily("thunder_backend_programs", "Active programs per backend", labels=["backend"])
+        last = self.gw.metrics.last_demand
+        for b in c.backend_list():
+            demand.add_metric([b.key], last.get(b.key, 0.0))
+            cap.add_metric([b.key, "hbm"], b.tiers.hbm_tokens)
+            cap.add_metric([b.key, "host"], b.tiers.host_tokens)
+            cap.add_metric([b.key, "storage"], b.tiers.storage_tokens)
+            used.add_metric([b.key, "hbm"], b.live.used_tokens)
+            used.add_metric([b.key, "host"], b.live.host_used_tokens)
+            healthy.add_metric([b.key], 1.0 if b.available(self.gw.clock(), self.gw.cfg.monitor.stale_after_seconds) else 0.0)
+            active.add_metric([b.key], len(c.programs.on_backend(b.key)))
+        yield from (demand, cap, used, healthy, active)

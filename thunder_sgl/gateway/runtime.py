@@ -1,0 +1,234 @@
+"""The gateway's runtime: controller + monitor + scheduler loop + held-request waiting.
+
+One ``Gateway`` per app (no module globals). It owns the upstream aiohttp session, the
+``Controller`` (programs, backends, policy), the ``Monitor`` and the scheduler loop task, which
+runs the policy's tick every Δt and, sooner, when a held or new program needs it. Held requests
+wait on futures that the loop resolves when their program is restored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from thunder_sgl.backends.backend import Backend
+from thunder_sgl.backends.monitor import Monitor, Worker
+from thunder_sgl.config import RouterConfig
+from thunder_sgl.controller import Controller, Ticket, TickResult
+from thunder_sgl.errors import NotFound, Overloaded, ThunderError
+from thunder_sgl.gateway.metrics import GatewayMetrics
+from thunder_sgl.programs import Program, Usage
+
+log = logging.getLogger("thunder_sgl.gateway")
+
+
+@dataclass
+class Settings:
+    """Process-level settings (from the CLI), beside the policy's RouterConfig."""
+
+    worker_urls: list[str] = field(default_factory=list)
+    policy: str = "thunder"
+    api_key: str | None = None
+    admin_api_key: str | None = None
+    max_payload_size: int | None = None
+    request_timeout_secs: float | None = None
+    instance_id: str = "thunder-router"
+    state_dir: str | None = None
+    request_id_headers: list[str] = field(default_factory=lambda: ["x-request-id", "x-correlation-id", "x-trace-id", "request-id"])
+
+
+class Gateway:
+    def __init__(self, config: RouterConfig, settings: Settings, clock: Callable[[], float] = time.monotonic) -> None:
+        self.cfg = config
+        self.settings = settings
+        self.clock = clock
+        self.controller = Controller(config, settings.policy)
+        self.metrics = GatewayMetrics(self)
+        self.session: aiohttp.ClientSession | None = None
+        self.monitor: Monitor | None = None
+        self.sandboxes: Any = None
+        self.on_release: list[Callable[[Program], Awaitable[None]]] = []
+        self.on_tick: list[Callable[[TickResult], None]] = []
+        self._kick = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._bg: set[asyncio.Task[Any]] = set()
+        self.started_at = time.time()
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    async def start(self) -> None:
+        conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=30)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=5)
+        self.session = aiohttp.ClientSession(connector=conn, timeout=timeout, auto_decompress=False)
+        self.monitor = Monitor(
+            self.cfg.monitor, self.session, self._on_worker_ready, self._on_worker_removed,
+            headers=self.upstream_auth(), clock=self.clock,
+        )
+        for url in self.settings.worker_urls:
+            self.monitor.add(url)
+        self._loop_task = asyncio.get_running_loop().create_task(self._scheduler_loop(), name="thunder tick")
+
+    async def stop(self) -> None:
+        if self._loop_task:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+        for t in list(self._bg):
+            t.cancel()
+        if self.monitor:
+            await self.monitor.close()
+        # Answer every request still held: the router is going away.
+        for p in self.controller.programs.values():
+            for t in list(self.controller._held.get(p.id, ())):
+                self.controller.cancel(t)
+                self._fail(t, Overloaded("router shutting down", retry_after=self.cfg.gateway.retry_after_seconds))
+        if self.session:
+            await self.session.close()
+
+    def spawn(self, coro: Awaitable[Any], name: str) -> None:
+        """Run a background task whose failure is logged, never lost."""
+        task = asyncio.ensure_future(coro)
+        self._bg.add(task)
+
+        def done(t: asyncio.Task[Any]) -> None:
+            self._bg.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.error("background task %s failed: %r", name, t.exception())
+
+        task.add_done_callback(done)
+
+    @property
+    def max_body(self) -> int:
+        return self.settings.max_payload_size or self.cfg.gateway.max_body_bytes
+
+    @property
+    def admin_key(self) -> str | None:
+        """Admin routes need this key: the admin key if set, else the API key (else open)."""
+        return self.settings.admin_api_key or self.cfg.gateway.admin_api_key or self.settings.api_key
+
+    def upstream_auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.settings.api_key}"} if self.settings.api_key else {}
+
+    # ---- workers ------------------------------------------------------------------------
+    def _on_worker_ready(self, w: Worker) -> None:
+        for b in w.backends:
+            self.controller.add_backend(b)
+        self._kick.set()
+
+    def _on_worker_removed(self, w: Worker) -> None:
+        for b in w.backends:
+            b.draining = True
+            self.controller.remove_backend(b.key)
+        self._kick.set()
+
+    def suspect(self, b: Backend, reason: str) -> None:
+        if self.monitor:
+            self.monitor.suspect(b, reason)
+        self._kick.set()
+
+    # ---- request path -------------------------------------------------------------------
+    async def acquire(self, t: Ticket, disconnected: Callable[[], Awaitable[Any]] | None = None) -> Backend:
+        """Submit ``t``; if held, wait until the scheduler dispatches it. Raises ThunderError
+        (4xx/5xx) or asyncio.CancelledError when the client goes away while held."""
+        now = self.clock()
+        b = self.controller.submit(t, now)
+        if b is not None:
+            return b
+        loop = asyncio.get_running_loop()
+        t.waiter = loop.create_future()
+        self._kick.set()
+        watcher = asyncio.ensure_future(disconnected()) if disconnected else None
+        try:
+            if watcher is None:
+                return await t.waiter
+            done, _ = await asyncio.wait({t.waiter, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if t.waiter in done:
+                return t.waiter.result()
+            raise asyncio.CancelledError("client disconnected while held")
+        except BaseException:
+            self.controller.cancel(t)
+            raise
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+
+    def finish(self, t: Ticket, usage: Usage | None) -> None:
+        self._dispatch(self.controller.finish(t, self.clock(), usage))
+
+    def failover(self, t: Ticket, reason: str) -> None:
+        """The upstream could not be reached before any byte: mark it, requeue the program."""
+        if t.backend is not None:
+            self.suspect(t.backend, reason)
+        self.controller.finish(t, self.clock(), None)
+        p = t.program
+        if p is not None and self.controller.programs.get(p.id) is p and p.active and not p.in_flight:
+            self.controller.programs.pause(p, self.clock())
+            self.controller.stats.pauses += 1
+        t.backend = t.dispatched_at = None
+
+    def release(self, pid: str) -> Program:
+        p, held = self.controller.release(pid, self.clock())
+        for t in held:
+            self._fail(t, NotFound(f"program {pid!r} was released while this request waited", code="program_released"))
+        self._after_release(p)
+        self._kick.set()
+        return p
+
+    def _after_release(self, p: Program) -> None:
+        for hook in self.on_release:
+            self.spawn(hook(p), f"release hook {p.id}")
+
+    def _dispatch(self, tickets: list[Ticket]) -> None:
+        for t in tickets:
+            w = t.waiter
+            if w is not None and not w.done():
+                w.set_result(t.backend)
+                self.metrics.observe_held(t)
+            elif w is not None:
+                # The client left between dispatch and now: give the slot back.
+                self.controller.finish(t, self.clock(), None)
+
+    def _fail(self, t: Ticket, err: ThunderError) -> None:
+        w = t.waiter
+        if w is not None and not w.done():
+            w.set_exception(err)
+
+    # ---- scheduler loop -----------------------------------------------------------------
+    async def _scheduler_loop(self) -> None:
+        sc = self.cfg.scheduler
+        last = self.clock()
+        while True:
+            remaining = sc.tick_seconds - (self.clock() - last)
+            if remaining > 0:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._kick.wait(), timeout=remaining)
+            self._kick.clear()
+            gap = sc.kick_min_interval_seconds - (self.clock() - last)
+            if gap > 0:
+                await asyncio.sleep(gap)
+            last = self.clock()
+            try:
+                self.run_tick(last)
+            except Exception:  # a bug in a tick must not stop scheduling
+                log.exception("scheduler tick failed")
+
+    def run_tick(self, now: float) -> TickResult:
+        res = self.controller.tick(now)
+        self._dispatch(res.dispatched)
+        for t in res.expired:
+            self._fail(t, Overloaded(
+                f"request held {self.cfg.gateway.held_timeout_seconds:.0f}s waiting for its program to be scheduled; "
+                "the program stays queued, retry later", code="held_timeout",
+                retry_after=self.cfg.gateway.retry_after_seconds))
+        for p in res.released:
+            self._after_release(p)
+        self.metrics.on_tick(res)
+        for hook in self.on_tick:
+            hook(res)
+        return res

@@ -1,0 +1,152 @@
+"""``python -m thunder_sgl.launch_router`` / ``thunder-router``: a drop-in for sglang_router.
+
+Arguments are parsed by sglang_router's own ``RouterArgs.add_cli_args`` (so they cannot
+drift), with ``thunder`` added to ``--policy`` and a ``--thunder-*`` group. With any policy
+but ``thunder`` the stock router is started with the same arguments (the ``--thunder-*``
+ones removed). With ``thunder`` this process serves the thunder gateway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+from collections.abc import Sequence
+
+from sglang_router.router_args import RouterArgs
+
+from thunder_sgl import __version__
+from thunder_sgl.config import load_config, resolve_config_path
+from thunder_sgl.errors import ConfigError
+
+THUNDER = "thunder"
+SECRET_OPTIONS = ("--api-key", "--thunder-admin-api-key", "--control-plane-api-keys", "--oracle-password")
+
+
+def add_thunder_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("Thunder (program-aware policy)", "Used with --policy thunder")
+    g.add_argument("--thunder-config", default=None, help="YAML config of the thunder policy (default: the packaged configs/thunder.yaml)")
+    g.add_argument("--thunder-variant", default="tier-aware", choices=["tier-aware", "paper"],
+                   help="tier-aware: HBM + HiCache tiers as one pool, HBM gate for reasoning KV; paper: the ThunderAgent paper's method (HBM only)")
+    g.add_argument("--thunder-time-scale", type=float, default=1.0,
+                   help="divide every time constant of the policy by this (use the workers' --time-scale with simulated workers)")
+    g.add_argument("--thunder-tick-seconds", type=float, default=None, help="override scheduler.tick_seconds (Δt)")
+    g.add_argument("--thunder-decay-base", type=float, default=None, help="override scheduler.decay_base (x in f(k)=x^-k)")
+    g.add_argument("--thunder-lambda-max", type=float, default=None, help="override scheduler.lambda_max")
+    g.add_argument("--thunder-lambda-min", type=float, default=None, help="override scheduler.lambda_min")
+    g.add_argument("--thunder-idle-timeout-secs", type=float, default=None, help="override programs.idle_timeout_seconds")
+    g.add_argument("--thunder-admin-api-key", default=None, help="key for admin routes (workers, flush, listing/releasing all programs)")
+    g.add_argument("--thunder-sandbox-provider", default=None, choices=["docker", "local", "none", "auto"],
+                   help="override sandboxes.provider")
+    g.add_argument("--thunder-instance-id", default=None,
+                   help="stable id of this router (labels its sandboxes; a restart with the same id sweeps orphans); default: host-port")
+    g.add_argument("--thunder-state-dir", default=None, help="directory for router state (sandbox working dirs)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="thunder-router",
+        description="thunder_sgl router: sglang_router's arguments, plus --policy thunder (program-aware scheduling).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    RouterArgs.add_cli_args(parser, use_router_prefix=False)
+    for action in parser._actions:
+        if action.dest == "policy" and action.choices is not None:
+            action.choices = [*action.choices, THUNDER]
+            action.help = (action.help or "") + ". 'thunder': program-aware pause/restore/migration (thunder_sgl)"
+    parser.add_argument("--version", action="version", version=f"thunder_sgl {__version__}")
+    add_thunder_args(parser)
+    return parser
+
+
+def split_thunder_args(argv: Sequence[str]) -> list[str]:
+    """argv without the --thunder-* options (for the stock router)."""
+    only = argparse.ArgumentParser(add_help=False)
+    add_thunder_args(only)
+    _, rest = only.parse_known_args(list(argv))
+    return rest
+
+
+def redact(argv: Sequence[str]) -> list[str]:
+    out, hide = [], False
+    for a in argv:
+        if hide:
+            out.append("***")
+            hide = False
+        elif a in SECRET_OPTIONS:
+            out.append(a)
+            hide = True
+        elif any(a.startswith(s + "=") for s in SECRET_OPTIONS):
+            out.append(a.split("=", 1)[0] + "=***")
+        else:
+            out.append(a)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.policy != THUNDER:
+        stock = split_thunder_args(argv)
+        print(f"thunder-router: policy {args.policy!r}: starting the stock sglang_router", file=sys.stderr, flush=True)
+        os.execvp(sys.executable, [sys.executable, "-m", "sglang_router.launch_router", *stock])
+    try:
+        serve(args, argv)
+    except ConfigError as e:
+        print(f"thunder-router: configuration error: {e.message}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _explicit(argv: Sequence[str], option: str) -> bool:
+    return any(a == option or a.startswith(option + "=") for a in argv)
+
+
+def serve(args: argparse.Namespace, argv: Sequence[str]) -> None:
+    import uvicorn
+
+    from thunder_sgl.gateway.app import create_app
+    from thunder_sgl.gateway.runtime import Settings
+
+    level = {"warn": "WARNING"}.get(args.log_level, (args.log_level or "info").upper())
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg_path = args.thunder_config or resolve_config_path("thunder")
+    cfg = load_config(cfg_path)
+    overrides = {
+        "scheduler.tick_seconds": args.thunder_tick_seconds,
+        "scheduler.decay_base": args.thunder_decay_base,
+        "scheduler.lambda_max": args.thunder_lambda_max,
+        "scheduler.lambda_min": args.thunder_lambda_min,
+        "programs.idle_timeout_seconds": args.thunder_idle_timeout_secs,
+        "sandboxes.provider": args.thunder_sandbox_provider,
+    }
+    cfg = cfg.with_overrides({k: v for k, v in overrides.items() if v is not None}).scaled(args.thunder_time_scale)
+
+    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((args.host, args.port))
+    port = sock.getsockname()[1]
+    settings = Settings(
+        worker_urls=list(args.worker_urls or []),
+        policy="thunder" if args.thunder_variant == "tier-aware" else "thunder-paper",
+        api_key=args.api_key,
+        admin_api_key=args.thunder_admin_api_key,
+        max_payload_size=args.max_payload_size if _explicit(argv, "--max-payload-size") else None,
+        instance_id=args.thunder_instance_id or f"thunder-{socket.gethostname()}-{port}",
+        state_dir=args.thunder_state_dir,
+    )
+    if args.request_id_headers:
+        settings.request_id_headers = list(args.request_id_headers)
+    app = create_app(cfg, settings)
+    logging.getLogger("thunder_sgl").info("args: %s", " ".join(redact(argv)))
+    print(f"thunder-router {__version__}: policy {settings.policy}, {len(settings.worker_urls)} worker(s), "
+          f"listening on http://{args.host}:{port}", flush=True)
+    config = uvicorn.Config(app, loop="uvloop", http="httptools", log_level=level.lower(),
+                            access_log=False, lifespan="on", timeout_graceful_shutdown=5)
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+if __name__ == "__main__":
+    main()
