@@ -1,0 +1,84 @@
+"""Pure parsers over SGLang 0.5.23 response shapes (sglang-surface.md §1.2-1.4, §2.3)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from thunder_sgl.backends.parse import (
+    ParseError,
+    host_tier_by_rank,
+    metric_by_rank,
+    parse_loads,
+    parse_prometheus,
+    parse_server_info,
+)
+
+DATA = Path(__file__).resolve().parents[2] / "data"
+
+SERVER_INFO = {
+    "model_path": "zai-org/GLM-4.6-FP8", "tp_size": 8, "dp_size": 2, "page_size": 64,
+    "enable_hierarchical_cache": True, "hicache_ratio": 2.0, "hicache_size": 0,
+    "hicache_write_policy": "write_through", "max_total_num_tokens": 1050000,
+    "internal_states": [{"last_gen_throughput": 0.0}], "version": "0.5.23",
+}
+
+
+def test_server_info_gives_per_rank_tiers():
+    info = parse_server_info(SERVER_INFO)
+    t = info.tiers()
+    assert (info.dp_size, info.page_size, t.hbm_tokens, t.host_tokens, t.host_inclusive) == (2, 64, 1050000, 2100000, True)
+    assert t.pool(tier_aware=True) == 2100000 and t.pool(tier_aware=False) == 1050000
+
+
+@pytest.mark.parametrize(
+    ("patch", "host", "inclusive"),
+    [
+        ({"enable_hierarchical_cache": False}, 0, True),
+        ({"hicache_write_policy": "write_back"}, 2100000, False),
+        ({"hicache_size": 49.0, "kv_bytes_per_token": 23552}, int(49e9 / 23552), True),
+    ],
+)
+def test_server_info_hicache_variants(patch, host, inclusive):
+    t = parse_server_info({**SERVER_INFO, **patch}).tiers()
+    assert (t.host_tokens, t.host_inclusive) == (host, inclusive)
+
+
+def test_server_info_capacity_may_sit_in_internal_states():
+    info = parse_server_info({"model_path": "m", "internal_states": [{"max_total_num_tokens": 94000}]})
+    assert info.hbm_tokens == 94000 and info.dp_size == 1
+
+
+@pytest.mark.parametrize("bad", [[], {"model_path": "m"}, {"max_total_num_tokens": 0}, "x"])
+def test_server_info_without_capacity_is_refused(bad):
+    with pytest.raises(ParseError):
+        parse_server_info(bad)
+
+
+def test_loads_per_rank_with_queues():
+    data = {"timestamp": 1.0, "version": "0.5.23", "loads": [
+        {"dp_rank": 0, "num_running_reqs": 60, "num_waiting_reqs": 3, "num_used_tokens": 812345,
+         "max_total_num_tokens": 1050000, "token_usage": 0.77, "cache_hit_rate": 0.93,
+         "queues": {"waiting": 3, "retracted": 2}},
+        {"dp_rank": 1, "num_running_reqs": 1, "num_waiting_reqs": 0, "num_used_tokens": 1200,
+         "max_total_num_tokens": 1050000, "token_usage": 0.001, "cache_hit_rate": 0.0},
+    ]}
+    r0, r1 = parse_loads(data)
+    assert (r0.used_tokens, r0.waiting_reqs, r0.retracted_reqs, r0.cache_hit_rate) == (812345, 3, 2, 0.93)
+    assert (r1.dp_rank, r1.retracted_reqs) == (1, 0)
+    with pytest.raises(ParseError):
+        parse_loads({"loads": "nope"})
+
+
+def test_prometheus_text_host_tier_gauges_by_rank():
+    samples = parse_prometheus((DATA / "sglang_metrics_hicache.txt").read_text())
+    assert host_tier_by_rank(samples) == {0: (2099968, 1500000), 1: (2099968, 64)}
+    assert metric_by_rank(samples, "sglang:num_used_tokens") == {0: 812345.0, 1: 1200.0}
+    assert "sglang:cache_hit_rate" not in samples  # NaN samples are skipped
+    cached = {lb["cache_source"]: v for lb, v in samples["sglang:cached_tokens_total"]}
+    assert cached == {"device": 9.1e6, "host": 1.2e6}
+
+
+def test_no_hicache_means_no_host_tier():
+    assert host_tier_by_rank(parse_prometheus('sglang:num_used_tokens{dp_rank="0"} 5\n')) == {}
