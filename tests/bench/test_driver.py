@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from thunder_sgl.bench.driver import DriverEvent, run_workload
+from thunder_sgl.bench.driver import DriverEvent, DriverOptions, run_workload
 from thunder_sgl.bench.stats import percentile
 from thunder_sgl.bench.workload import WorkloadProfile, program_at
 
@@ -30,7 +30,9 @@ def tiny(steps: int = 3, tool_seconds: float = 0.5, name: str = "tiny") -> Workl
 async def run(fake, profile=None, **kw):
     kw.setdefault("time_scale", 100.0)
     kw.setdefault("retry_backoff_s", 0.001)
-    return await asyncio.wait_for(run_workload(fake.url, profile or tiny(), kw.pop("concurrency", 2), **kw), 20)
+    return await asyncio.wait_for(
+        run_workload(fake.url, profile or tiny(), kw.pop("concurrency", 2), **kw), 20
+    )
 
 
 async def test_each_request_extends_the_previous_with_the_reply_as_returned(fake_openai):
@@ -59,7 +61,9 @@ async def test_driver_sends_the_generators_programs(fake_openai):
     await run(fake, profile, total_programs=3, seed=9)
     for i in range(3):
         spec = program_at(profile, 9, i)
-        assert [c.body["max_tokens"] for c in fake.program_calls(spec.program_id)] == [s.output_tokens for s in spec.steps]
+        assert [c.body["max_tokens"] for c in fake.program_calls(spec.program_id)] == [
+            s.output_tokens for s in spec.steps
+        ]
 
 
 async def test_release_is_called_once_per_program(fake_openai):
@@ -80,7 +84,13 @@ async def test_concurrency_is_respected_and_reached(fake_openai):
 @pytest.mark.parametrize("time_scale", [10.0, 50.0])
 async def test_time_scale_divides_tool_waits(fake_openai, time_scale):
     fake = await fake_openai()
-    result = await run(fake, tiny(steps=2, tool_seconds=1.0), total_programs=1, concurrency=1, time_scale=time_scale)
+    result = await run(
+        fake,
+        tiny(steps=2, tool_seconds=1.0),
+        total_programs=1,
+        concurrency=1,
+        time_scale=time_scale,
+    )
     for s in result.steps:
         waited = s.tool_end_s - s.end_s
         assert 1.0 / time_scale <= waited < 1.0 / time_scale + 0.05
@@ -92,7 +102,11 @@ async def test_failed_calls_are_retried_then_succeed(fake_openai):
     result = await run(fake, total_programs=3)
     assert result.errors == Counter({"http_503": 6})
     assert all(p.outcome == "completed" and p.steps_done == 3 for p in result.programs)
-    assert [s.attempt for s in result.steps if s.step == 0 and s.program_id == "tiny-0-0"] == [0, 1, 2]
+    assert [s.attempt for s in result.steps if s.step == 0 and s.program_id == "tiny-0-0"] == [
+        0,
+        1,
+        2,
+    ]
     assert result.steps_completed == 9
 
 
@@ -116,7 +130,15 @@ async def test_unreachable_endpoint_fails_fast_and_never_hangs():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     result = await asyncio.wait_for(
-        run_workload(f"http://127.0.0.1:{port}", tiny(), 2, total_programs=2, max_retries=1, retry_backoff_s=0.001), 10
+        run_workload(
+            f"http://127.0.0.1:{port}",
+            tiny(),
+            2,
+            total_programs=2,
+            max_retries=1,
+            retry_backoff_s=0.001,
+        ),
+        10,
     )
     assert result.errors == Counter({"connection": 4})
     assert [p.outcome for p in result.programs] == ["failed", "failed"]
@@ -141,7 +163,11 @@ async def test_metrics_equal_what_the_server_returned(fake_openai):
     by_step = {(x.program_id, x.step): x for x in result.steps}
     for c in ok:
         rec = by_step[(c.body["program_id"], len(c.body["messages"]) // 2 - 1)]
-        assert (rec.prompt_tokens, rec.completion_tokens, rec.cached_tokens) == (c.prompt_tokens, c.completion_tokens, c.cached_tokens)
+        assert (rec.prompt_tokens, rec.completion_tokens, rec.cached_tokens) == (
+            c.prompt_tokens,
+            c.completion_tokens,
+            c.cached_tokens,
+        )
 
 
 async def test_stock_router_release_is_tried_once(fake_openai):
@@ -155,7 +181,9 @@ async def test_stock_router_release_is_tried_once(fake_openai):
 async def test_duration_stops_cleanly_and_releases_every_started_program(fake_openai):
     fake = await fake_openai()
     t0 = asyncio.get_running_loop().time()
-    result = await run(fake, tiny(steps=5, tool_seconds=100.0), duration_s=0.3, concurrency=3, time_scale=1.0)
+    result = await run(
+        fake, tiny(steps=5, tool_seconds=100.0), duration_s=0.3, concurrency=3, time_scale=1.0
+    )
     assert asyncio.get_running_loop().time() - t0 < 2.0
     assert len(result.programs) == 3
     assert all(p.outcome == "cancelled" for p in result.programs)
@@ -171,11 +199,16 @@ async def test_streaming_collects_reply_and_usage(fake_openai, api):
     assert all(p.outcome == "completed" for p in result.programs)
     assert result.cached_tokens == sum(c.cached_tokens for c in fake.ok_calls) > 0
     calls = fake.program_calls("tiny-0-0")
-    assert all(c.body["stream"] is True and c.body["stream_options"] == {"include_usage": True} for c in calls)
+    assert all(
+        c.body["stream"] is True and c.body["stream_options"] == {"include_usage": True}
+        for c in calls
+    )
     if api == "chat":
         assert calls[1].body["messages"][2]["content"] == calls[0].reply
     else:
-        assert calls[0].path == "/v1/completions" and calls[1].body["prompt"].startswith(calls[0].body["prompt"] + calls[0].reply)
+        assert calls[0].path == "/v1/completions" and calls[1].body["prompt"].startswith(
+            calls[0].body["prompt"] + calls[0].reply
+        )
 
 
 async def test_events_report_progress(fake_openai):
@@ -186,6 +219,18 @@ async def test_events_report_progress(fake_openai):
     assert kinds == Counter({"program_start": 2, "step": 6, "tool_end": 6, "program_end": 2})
 
 
-async def test_run_needs_an_end():
+async def test_options_object_headers_and_api_key(fake_openai):
+    fake = await fake_openai()
+    opts = DriverOptions(total_programs=1, time_scale=100.0, model="m1", api_key="sk-x")
+    result = await run_workload(fake.url, tiny(steps=1), 1, opts, headers={"X-Tenant": "t"})
+    assert result.summary()["programs_completed"] == 1
+    (call,) = fake.calls
+    assert call.body["model"] == "m1" and call.body["ignore_eos"] is True
+    assert call.headers["Authorization"] == "Bearer sk-x" and call.headers["X-Tenant"] == "t"
+
+
+async def test_run_needs_an_end_and_known_options():
     with pytest.raises(ValueError):
         await run_workload("http://127.0.0.1:1", tiny(), 1)
+    with pytest.raises(TypeError):
+        await run_workload("http://127.0.0.1:1", tiny(), 1, total_programs=1, colour="blue")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,54 @@ MAX_BACKOFF_S = 30.0
 
 
 @dataclass(frozen=True)
+class DriverOptions:
+    """How to run a workload. Times given here are wall seconds, except that tool times come
+    from the profile in workload seconds; the result's measures are in simulated seconds."""
+
+    duration_s: float | None = None
+    """Stop after this many wall seconds (in-flight work cancelled, programs released)."""
+    total_programs: int | None = None
+    """Stop once this many programs have ended. At least one of the two limits is required."""
+    seed: int = 0
+    """Names the program sequence (same seed, same programs as a DES would see)."""
+    time_scale: float = 1.0
+    """Speed of the backend's clock vs real time: tool waits are divided by it, measures
+    multiplied by it (1 for a real cluster)."""
+    warmup_s: float = 0.0
+    """Wall seconds at the start excluded from the measures."""
+    api: str = "chat"
+    """``chat`` (/v1/chat/completions) or ``completions`` (/v1/completions, a text transcript)."""
+    stream: bool = False
+    """Stream responses (usage taken from the final chunk via ``stream_options``)."""
+    release: bool = True
+    """Call ``POST /programs/{id}/release`` after each program."""
+    model: str | None = None
+    """Model name to send; None: the first of ``GET /v1/models``, else ``default``."""
+    headers: tuple[tuple[str, str], ...] = ()
+    """Extra headers on every request."""
+    api_key: str | None = None
+    """Sent as ``Authorization: Bearer``."""
+    max_tokens_cap: int | None = None
+    """Upper bound on each call's ``max_tokens``."""
+    ignore_eos: bool = True
+    """Ask for exactly ``max_tokens`` output tokens (SGLang ``ignore_eos``)."""
+    max_retries: int = 3
+    """Retries of a failed LLM call before the program is abandoned."""
+    retry_backoff_s: float = 0.5
+    """First retry delay; doubles per retry (``Retry-After`` wins), capped at 30 s."""
+    request_timeout_s: float = 1800.0
+    """Limit of one LLM call (a paused program's request may be held long)."""
+    on_event: Callable[[DriverEvent], None] | None = None
+    """Called synchronously with progress events; must not raise."""
+
+    def __post_init__(self) -> None:
+        if self.duration_s is None and self.total_programs is None:
+            raise ValueError("give duration_s or total_programs")
+        if self.time_scale <= 0 or self.max_retries < 0 or self.warmup_s < 0:
+            raise ValueError("need time_scale > 0, max_retries >= 0, warmup_s >= 0")
+
+
+@dataclass(frozen=True)
 class DriverEvent:
     """A progress notice: ``program_start``, ``step`` (an LLM call ended, ok or not),
     ``tool_end`` (a step counted), ``program_end``."""
@@ -59,39 +107,54 @@ class DriverEvent:
 
 
 class _Driver:
-    def __init__(self, endpoint: str, profile: WorkloadProfile, concurrency: int, opts: dict[str, Any]) -> None:
+    def __init__(
+        self, endpoint: str, profile: WorkloadProfile, concurrency: int, o: DriverOptions
+    ) -> None:
         self.endpoint = endpoint.rstrip("/")
-        self.profile = profile
         self.concurrency = concurrency
-        self.o = opts
+        self.o = o
         self.system_text = system_prompt(profile.name, profile.system_prompt_tokens)
-        self.source = ProgramSource(profile, opts["seed"], opts["total_programs"])
-        self.result = WorkloadResult(profile.name, concurrency, opts["time_scale"], 0.0, opts["warmup_s"])
+        self.source = ProgramSource(profile, o.seed, o.total_programs)
+        self.result = WorkloadResult(profile.name, concurrency, o.time_scale, 0.0, o.warmup_s)
         self.live: dict[str, ProgramRecord] = {}
         """Programs started and not yet released."""
-        self.model = opts["model"]
-        self.headers = dict(opts["headers"] or {})
-        if opts["api_key"]:
-            self.headers["Authorization"] = f"Bearer {opts['api_key']}"
+        self.model = o.model or ""
+        self.headers = dict(o.headers)
+        if o.api_key:
+            self.headers["Authorization"] = f"Bearer {o.api_key}"
         self.t0 = 0.0
 
     def now(self) -> float:
         return asyncio.get_running_loop().time() - self.t0
 
-    def emit(self, kind: str, pid: str, step: StepRecord | None = None, program: ProgramRecord | None = None) -> None:
-        if self.o["on_event"] is not None:
-            self.o["on_event"](DriverEvent(kind, pid, self.now(), step, program))
+    def emit(
+        self,
+        kind: str,
+        pid: str,
+        step: StepRecord | None = None,
+        program: ProgramRecord | None = None,
+    ) -> None:
+        if self.o.on_event is not None:
+            self.o.on_event(DriverEvent(kind, pid, self.now(), step, program))
 
     async def run(self) -> WorkloadResult:
-        connector = aiohttp.TCPConnector(limit=self.concurrency + 8, limit_per_host=self.concurrency + 8)
-        timeout = aiohttp.ClientTimeout(total=self.o["request_timeout_s"], sock_connect=10)
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=self.headers) as self.http:
-            if self.model is None:
+        connector = aiohttp.TCPConnector(
+            limit=self.concurrency + 8, limit_per_host=self.concurrency + 8
+        )
+        timeout = aiohttp.ClientTimeout(total=self.o.request_timeout_s, sock_connect=10)
+        async with aiohttp.ClientSession(
+            connector=connector, timeout=timeout, headers=self.headers
+        ) as self.http:
+            if not self.model:
                 self.model = await self._detect_model()
             self.t0 = asyncio.get_running_loop().time()
-            slots = [asyncio.create_task(self._slot(), name=f"slot-{i}") for i in range(self.concurrency)]
+            slots = [
+                asyncio.create_task(self._slot(), name=f"slot-{i}") for i in range(self.concurrency)
+            ]
             try:
-                await asyncio.wait(slots, timeout=self.o["duration_s"], return_when=asyncio.FIRST_EXCEPTION)
+                await asyncio.wait(
+                    slots, timeout=self.o.duration_s, return_when=asyncio.FIRST_EXCEPTION
+                )
             finally:
                 for t in slots:
                     t.cancel()
@@ -105,12 +168,14 @@ class _Driver:
 
     async def _detect_model(self) -> str:
         try:
-            async with self.http.get(f"{self.endpoint}/v1/models", timeout=aiohttp.ClientTimeout(total=10)) as r:
+            async with self.http.get(
+                f"{self.endpoint}/v1/models", timeout=aiohttp.ClientTimeout(total=10)
+            ) as r:
                 if r.status == 200:
                     data = (await r.json(content_type=None)).get("data") or []
                     if data and data[0].get("id"):
                         return str(data[0]["id"])
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, AttributeError):
+        except (TimeoutError, aiohttp.ClientError, ValueError, AttributeError):
             pass
         return "default"
 
@@ -120,7 +185,7 @@ class _Driver:
             if await self._run_program(spec) == "failed":
                 # A backend that rejects every program must not turn the loop into a hot spin.
                 failures += 1
-                await asyncio.sleep(min(self.o["retry_backoff_s"] * 2**failures, MAX_BACKOFF_S))
+                await asyncio.sleep(min(self.o.retry_backoff_s * 2**failures, MAX_BACKOFF_S))
             else:
                 failures = 0
 
@@ -130,8 +195,13 @@ class _Driver:
         self.live[spec.program_id] = rec
         self.emit("program_start", spec.program_id, program=rec)
         conv = Conversation(
-            spec, self.system_text, model=self.model, api=self.o["api"], stream=self.o["stream"],
-            max_tokens_cap=self.o["max_tokens_cap"], ignore_eos=self.o["ignore_eos"],
+            spec,
+            self.system_text,
+            model=self.model,
+            api=self.o.api,
+            stream=self.o.stream,
+            max_tokens_cap=self.o.max_tokens_cap,
+            ignore_eos=self.o.ignore_eos,
         )
         try:
             for i, step in enumerate(spec.steps):
@@ -141,7 +211,7 @@ class _Driver:
                     break
                 srec, reply = call
                 conv.add_reply(i, reply)
-                await asyncio.sleep(step.tool_seconds / self.o["time_scale"])
+                await asyncio.sleep(step.tool_seconds / self.o.time_scale)
                 srec.tool_end_s = self.now()
                 rec.steps_done += 1
                 self.emit("tool_end", spec.program_id, step=srec)
@@ -160,8 +230,10 @@ class _Driver:
         """One LLM call with retries: (record, reply), or None when the program is abandoned."""
         body = conv.body(i)
         url = self.endpoint + conv.path
-        for attempt in range(self.o["max_retries"] + 1):
-            srec = StepRecord(conv.program_id, i, attempt, self.now(), 0.0, tool=conv.spec.steps[i].tool)
+        for attempt in range(self.o.max_retries + 1):
+            srec = StepRecord(
+                conv.program_id, i, attempt, self.now(), 0.0, tool=conv.spec.steps[i].tool
+            )
             retry_after: float | None = None
             reply = ""
             try:
@@ -176,7 +248,7 @@ class _Driver:
                         srec.error = f"http_{resp.status}"
                         retry_after = _retry_after(resp.headers.get("Retry-After"))
                         await resp.read()
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 srec.error = "timeout"
             except aiohttp.ClientError:
                 srec.error = "connection"
@@ -188,16 +260,18 @@ class _Driver:
             if srec.ok:
                 return srec, reply
             self.result.errors[srec.error or "unknown"] += 1
-            retryable = srec.status == 0 or srec.status in RETRY_STATUSES or srec.error == "bad_response"
-            if not retryable or attempt == self.o["max_retries"]:
+            retryable = (
+                srec.status == 0 or srec.status in RETRY_STATUSES or srec.error == "bad_response"
+            )
+            if not retryable or attempt == self.o.max_retries:
                 log.warning("program %s abandoned at step %d: %s", conv.program_id, i, srec.error)
                 return None
-            delay = retry_after if retry_after is not None else self.o["retry_backoff_s"] * 2**attempt
+            delay = retry_after if retry_after is not None else self.o.retry_backoff_s * 2**attempt
             await asyncio.sleep(min(delay, MAX_BACKOFF_S))
         return None
 
     async def _read(self, resp: aiohttp.ClientResponse, api: str) -> tuple[str, Any]:
-        if not self.o["stream"]:
+        if not self.o.stream:
             return parse_response(await resp.json(content_type=None), api)
         acc = StreamAccumulator(api)
         async for line in resp.content:
@@ -209,17 +283,22 @@ class _Driver:
     async def _release(self, rec: ProgramRecord) -> None:
         """Best-effort release. A program whose release is cancelled stays in ``live``, so the
         end of the run releases it."""
-        if self.o["release"] and self.result.release_supported:
+        if self.o.release and self.result.release_supported:
             try:
                 async with self.http.post(
-                    self.endpoint + release_path(rec.program_id), timeout=aiohttp.ClientTimeout(total=10)
+                    self.endpoint + release_path(rec.program_id),
+                    timeout=aiohttp.ClientTimeout(total=10),
                 ) as resp:
                     body = await resp.read()
                     if release_unsupported(resp.status, body):
-                        log.info("release answered %d: no program routes at %s", resp.status, self.endpoint)
+                        log.info(
+                            "release answered %d: no program routes at %s",
+                            resp.status,
+                            self.endpoint,
+                        )
                         self.result.release_supported = False
                     rec.released = resp.status < 300
-            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            except (TimeoutError, aiohttp.ClientError) as e:
                 log.warning("release of %s failed: %r", rec.program_id, e)
         self.live.pop(rec.program_id, None)
 
@@ -235,44 +314,21 @@ async def run_workload(
     endpoint: str,
     profile: WorkloadProfile | str | Path,
     concurrency: int,
-    *,
-    duration_s: float | None = None,
-    total_programs: int | None = None,
-    seed: int = 0,
-    time_scale: float = 1.0,
-    api: str = "chat",
-    stream: bool = False,
-    release: bool = True,
-    model: str | None = None,
-    headers: dict[str, str] | None = None,
-    api_key: str | None = None,
-    warmup_s: float = 0.0,
-    max_tokens_cap: int | None = None,
-    ignore_eos: bool = True,
-    max_retries: int = 3,
-    retry_backoff_s: float = 0.5,
-    request_timeout_s: float = 1800.0,
-    on_event: Callable[[DriverEvent], None] | None = None,
+    options: DriverOptions | None = None,
+    **overrides: Any,
 ) -> WorkloadResult:
-    """Run ``concurrency`` programs of ``profile`` in a closed loop against ``endpoint``
-    (``http://host:port``, no path) until ``duration_s`` wall seconds have passed or
-    ``total_programs`` programs have ended, whichever comes first.
+    """Run ``concurrency`` programs of ``profile`` (a profile, or its name or path) in a closed
+    loop against ``endpoint`` (``http://host:port``, no path) until ``duration_s`` wall seconds
+    have passed or ``total_programs`` programs have ended, whichever comes first.
 
-    ``time_scale``: speed of the backend's clock relative to real time (tool waits are divided
-    by it; measures are multiplied by it). ``warmup_s``: wall seconds excluded from measures.
-    ``model`` None: the first model of ``GET /v1/models``, else ``"default"``. ``on_event`` is
-    called synchronously for progress and must not raise.
+    ``overrides`` are ``DriverOptions`` fields:
+    ``await run_workload(url, "mini-swe-agent", 64, duration_s=600, time_scale=20)``.
     """
-    if duration_s is None and total_programs is None:
-        raise ValueError("give duration_s or total_programs")
-    if concurrency < 1 or time_scale <= 0 or max_retries < 0 or warmup_s < 0:
-        raise ValueError("need concurrency >= 1, time_scale > 0, max_retries >= 0, warmup_s >= 0")
+    if concurrency < 1:
+        raise ValueError("concurrency must be >= 1")
+    if isinstance(overrides.get("headers"), dict):
+        overrides["headers"] = tuple(overrides["headers"].items())
+    opts = replace(options, **overrides) if options else DriverOptions(**overrides)
     if not isinstance(profile, WorkloadProfile):
         profile = load_profile(profile)
-    opts = dict(
-        duration_s=duration_s, total_programs=total_programs, seed=seed, time_scale=time_scale, api=api,
-        stream=stream, release=release, model=model, headers=headers, api_key=api_key, warmup_s=warmup_s,
-        max_tokens_cap=max_tokens_cap, ignore_eos=ignore_eos, max_retries=max_retries,
-        retry_backoff_s=retry_backoff_s, request_timeout_s=request_timeout_s, on_event=on_event,
-    )
     return await _Driver(endpoint, profile, concurrency, opts).run()
