@@ -60,7 +60,9 @@ class FakeOpenAI:
         return app
 
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+        return web.json_response(
+            {"object": "list", "data": [{"id": "fake-model", "object": "model"}]}
+        )
 
     async def release(self, request: web.Request) -> web.Response:
         pid = request.match_info["pid"]
@@ -68,7 +70,9 @@ class FakeOpenAI:
         if self.release_mode == "stock":
             return web.Response(status=404)
         if pid not in self.live:
-            return web.json_response({"error": {"message": "unknown program", "type": "not_found_error"}}, status=404)
+            return web.json_response(
+                {"error": {"message": "unknown program", "type": "not_found_error"}}, status=404
+            )
         self.live.discard(pid)
         return web.json_response({"program_id": pid, "released": True})
 
@@ -89,12 +93,16 @@ class FakeOpenAI:
             status = self.fail(pid, n) if self.fail else None
             if status:
                 call.status = status
-                return web.json_response({"error": {"message": "injected", "type": "server_error"}}, status=status)
+                return web.json_response(
+                    {"error": {"message": "injected", "type": "server_error"}}, status=status
+                )
             return await self._answer(request, body, pid, call)
         finally:
             self.in_flight -= 1
 
-    async def _answer(self, request: web.Request, body: dict[str, Any], pid: str, call: FakeCall) -> web.StreamResponse:
+    async def _answer(
+        self, request: web.Request, body: dict[str, Any], pid: str, call: FakeCall
+    ) -> web.StreamResponse:
         chat = request.path.endswith("chat/completions")
         chars = sum(len(m["content"]) for m in body["messages"]) if chat else len(body["prompt"])
         prompt = math.ceil(chars / 4)
@@ -102,7 +110,12 @@ class FakeOpenAI:
         cached = min(self._last.get(pid, 0), prompt)
         self._last[pid] = prompt + completion
         text = (f"[{pid} {self._n[pid]}] " + "ok go " * completion)[: 4 * completion]
-        call.prompt_tokens, call.completion_tokens, call.cached_tokens, call.reply = prompt, completion, cached, text
+        call.prompt_tokens, call.completion_tokens, call.cached_tokens, call.reply = (
+            prompt,
+            completion,
+            cached,
+            text,
+        )
         usage = {
             "prompt_tokens": prompt,
             "completion_tokens": completion,
@@ -110,14 +123,20 @@ class FakeOpenAI:
             "prompt_tokens_details": {"cached_tokens": cached},
         }
         choice = {"index": 0, "finish_reason": "length"}
-        choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+        choice.update(
+            {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
+        )
         if not body.get("stream"):
-            return web.json_response({"id": "x", "object": "chat.completion", "choices": [choice], "usage": usage})
+            return web.json_response(
+                {"id": "x", "object": "chat.completion", "choices": [choice], "usage": usage}
+            )
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         half = len(text) // 2
         for piece in (text[:half], text[half:]):
-            delta = {"index": 0, "delta": {"content": piece}} if chat else {"index": 0, "text": piece}
+            delta = (
+                {"index": 0, "delta": {"content": piece}} if chat else {"index": 0, "text": piece}
+            )
             await resp.write(f"data: {json.dumps({'choices': [delta]})}\n\n".encode())
         if (body.get("stream_options") or {}).get("include_usage"):
             await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())

@@ -15,7 +15,9 @@ def result(warmup_s: float = 0.0) -> WorkloadResult:
     for i, (end, tool_end, prompt, cached) in enumerate(
         [(5.0, 6.0, 100, 0), (15.0, 16.0, 200, 100), (30.0, 31.0, 300, 250), (59.0, None, 400, 300)]
     ):
-        r.steps.append(StepRecord("a", i, 0, end - 1.0, end, 200, None, prompt, 10, cached, "bash", tool_end))
+        r.steps.append(
+            StepRecord("a", i, 0, end - 1.0, end, 200, None, prompt, 10, cached, "bash", tool_end)
+        )
     r.steps.append(StepRecord("a", 4, 0, 20.0, 21.0, 503, "http_503"))
     r.programs += [
         ProgramRecord("a", 0, 5, 0.0, 8.0, 5, "completed"),
@@ -56,4 +58,8 @@ def test_write_csv_gives_one_row_per_record(tmp_path):
     steps, programs = result().write_csv(tmp_path / "run")
     rows = list(csv.DictReader(steps.open()))
     assert len(rows) == 5 and rows[0]["program_id"] == "a" and rows[3]["tool_end_s"] == ""
-    assert [r["outcome"] for r in csv.DictReader(programs.open())] == ["completed", "completed", "failed"]
+    assert [r["outcome"] for r in csv.DictReader(programs.open())] == [
+        "completed",
+        "completed",
+        "failed",
+    ]

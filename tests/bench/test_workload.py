@@ -8,7 +8,14 @@ import statistics
 
 import pytest
 
-from thunder_sgl.bench.distributions import Fixed, LogNormal, Mixture, Normal, UniformInt, parse_distribution
+from thunder_sgl.bench.distributions import (
+    Fixed,
+    LogNormal,
+    Mixture,
+    Normal,
+    UniformInt,
+    parse_distribution,
+)
 from thunder_sgl.bench.workload import (
     ProgramSource,
     WorkloadProfile,
@@ -45,7 +52,9 @@ def test_every_number_in_a_profile_states_its_status(name):
     for line in text.splitlines():
         code = line.split("#", 1)[0]
         if re.search(r":\s*-?\d", code):
-            assert re.search(r"#\s*(source|plot|derived|estimate)\b", line), f"no status on: {line!r}"
+            assert re.search(r"#\s*(source|plot|derived|estimate)\b", line), (
+                f"no status on: {line!r}"
+            )
 
 
 @pytest.mark.parametrize(
@@ -59,7 +68,15 @@ def test_every_number_in_a_profile_states_its_status(name):
         ({"tool_seconds": {"kind": "lognormal", "median": 2}}, "exactly one of p95 and sigma"),
         ({"tool_seconds": {"kind": "lognormal", "median": 2, "sigma": 1, "cap": 9}}, "unknown key"),
         ({"tool_seconds": {"kind": "gamma", "shape": 2}}, "unknown distribution kind"),
-        ({"tool_seconds": {"kind": "mixture", "components": [{"name": "a", "weight": -1, "dist": 1}]}}, "weight"),
+        (
+            {
+                "tool_seconds": {
+                    "kind": "mixture",
+                    "components": [{"name": "a", "weight": -1, "dist": 1}],
+                }
+            },
+            "weight",
+        ),
         ({"output_tokens": "lots"}, "must be a number or a mapping"),
         ({"steps": {"kind": "fixed", "value": -3}}, ">= 0"),
     ],

@@ -14,7 +14,14 @@ from thunder_sgl.bench.conversation import (
     release_unsupported,
     render_prompt,
 )
-from thunder_sgl.bench.textgen import CHARS_PER_TOKEN, estimate_tokens, instance_text, observation_text, system_prompt, text
+from thunder_sgl.bench.textgen import (
+    CHARS_PER_TOKEN,
+    estimate_tokens,
+    instance_text,
+    observation_text,
+    system_prompt,
+    text,
+)
 from thunder_sgl.bench.workload import load_profile, program_at
 
 
@@ -62,10 +69,14 @@ def test_conversation_is_append_only_and_carries_the_program_id():
             assert body["messages"][: len(prev)] == prev and len(body["messages"]) == len(prev) + 2
         prev = body["messages"]
         conv.add_reply(i, f"reply {i}")
-    assert conv.headers() == program_headers(spec.program_id) == {
-        "X-Program-Id": spec.program_id,
-        "X-SMG-Routing-Key": spec.program_id,
-    }
+    assert (
+        conv.headers()
+        == program_headers(spec.program_id)
+        == {
+            "X-Program-Id": spec.program_id,
+            "X-SMG-Routing-Key": spec.program_id,
+        }
+    )
 
 
 def test_completions_prompt_grows_append_only():
@@ -80,9 +91,16 @@ def test_completions_prompt_grows_append_only():
 
 
 def test_parse_response_reads_usage_and_defaults_cached_to_zero():
-    doc = {"choices": [{"message": {"content": "hi"}}], "usage": {"prompt_tokens": 10, "completion_tokens": 2}}
+    doc = {
+        "choices": [{"message": {"content": "hi"}}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 2},
+    }
     reply, usage = parse_response(doc, "chat")
-    assert reply == "hi" and (usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens) == (10, 2, 0)
+    assert reply == "hi" and (
+        usage.prompt_tokens,
+        usage.completion_tokens,
+        usage.cached_tokens,
+    ) == (10, 2, 0)
     doc["usage"]["prompt_tokens_details"] = {"cached_tokens": 7}
     assert parse_response(doc, "chat")[1].cached_tokens == 7
     with pytest.raises(ValueError):
@@ -91,12 +109,24 @@ def test_parse_response_reads_usage_and_defaults_cached_to_zero():
 
 def test_stream_accumulator_joins_deltas_and_takes_the_usage_chunk():
     acc = StreamAccumulator("chat")
-    for chunk in ({"choices": [{"delta": {"content": "he"}}]}, {"choices": [{"delta": {"content": "llo"}}]},
-                  {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 3}}}):
+    for chunk in (
+        {"choices": [{"delta": {"content": "he"}}]},
+        {"choices": [{"delta": {"content": "llo"}}]},
+        {
+            "choices": [],
+            "usage": {
+                "prompt_tokens": 5,
+                "completion_tokens": 2,
+                "prompt_tokens_details": {"cached_tokens": 3},
+            },
+        },
+    ):
         acc.feed(f"data: {json.dumps(chunk)}\n".encode())
     acc.feed(b"\n")
     acc.feed(b"data: [DONE]\n")
-    assert acc.text == "hello" and acc.done and acc.usage is not None and acc.usage.cached_tokens == 3
+    assert (
+        acc.text == "hello" and acc.done and acc.usage is not None and acc.usage.cached_tokens == 3
+    )
 
 
 @pytest.mark.parametrize(

@@ -155,7 +155,11 @@ class StreamAccumulator:
         if "error" in doc:
             raise ValueError(f"error event in stream: {str(doc['error'])[:200]}")
         for choice in doc.get("choices") or []:
-            piece = (choice.get("delta") or {}).get("content") if self.api == "chat" else choice.get("text")
+            piece = (
+                (choice.get("delta") or {}).get("content")
+                if self.api == "chat"
+                else choice.get("text")
+            )
             if piece:
                 self.parts.append(piece)
         if doc.get("usage"):

@@ -74,7 +74,10 @@ class UniformInt:
     """Largest value (>= low)."""
 
     def __post_init__(self) -> None:
-        _require(0 <= self.low <= self.high, f"uniform_int needs 0 <= low <= high, got {self.low}..{self.high}")
+        _require(
+            0 <= self.low <= self.high,
+            f"uniform_int needs 0 <= low <= high, got {self.low}..{self.high}",
+        )
 
     def sample(self, rng: random.Random) -> float:
         return float(rng.randint(self.low, self.high))
@@ -97,7 +100,10 @@ class Normal:
     """Samples above this are lowered to it; None: no upper clip."""
 
     def __post_init__(self) -> None:
-        _require(self.mean >= 0 and self.std >= 0, f"normal needs mean >= 0 and std >= 0, got {self.mean}, {self.std}")
+        _require(
+            self.mean >= 0 and self.std >= 0,
+            f"normal needs mean >= 0 and std >= 0, got {self.mean}, {self.std}",
+        )
         _require(self.min >= 0, f"normal min must be >= 0, got {self.min}")
         _require(self.max is None or self.max >= self.min, "normal max must be >= min")
 
@@ -126,7 +132,10 @@ class LogNormal:
 
     def __post_init__(self) -> None:
         _require(self.median > 0, f"lognormal median must be > 0, got {self.median}")
-        _require((self.p95 is None) != (self.sigma is None), "lognormal needs exactly one of p95 and sigma")
+        _require(
+            (self.p95 is None) != (self.sigma is None),
+            "lognormal needs exactly one of p95 and sigma",
+        )
         _require(self.p95 is None or self.p95 > self.median, "lognormal p95 must exceed its median")
         _require(self.sigma is None or self.sigma >= 0, "lognormal sigma must be >= 0")
         _require(self.min >= 0, f"lognormal min must be >= 0, got {self.min}")
@@ -179,7 +188,9 @@ class Mixture:
     def __post_init__(self) -> None:
         _require(len(self.components) >= 1, "mixture needs at least one component")
         names = [c.name for c in self.components]
-        _require(len(set(names)) == len(names), f"mixture component names must be unique, got {names}")
+        _require(
+            len(set(names)) == len(names), f"mixture component names must be unique, got {names}"
+        )
 
     def pick(self, rng: random.Random) -> Component:
         total = sum(c.weight for c in self.components)
@@ -213,7 +224,9 @@ def parse_distribution(data: Any, where: str) -> Distribution:
     body = dict(data)
     kind = body.pop("kind", None)
     if kind not in KINDS:
-        raise ConfigError(f"{where}: unknown distribution kind {kind!r}; valid kinds: {sorted(KINDS)}")
+        raise ConfigError(
+            f"{where}: unknown distribution kind {kind!r}; valid kinds: {sorted(KINDS)}"
+        )
     try:
         if kind == "mixture":
             return _parse_mixture(body, where)
@@ -227,7 +240,9 @@ def parse_distribution(data: Any, where: str) -> Distribution:
 def _parse_mixture(body: dict[str, Any], where: str) -> Mixture:
     unknown = sorted(set(body) - {"components"})
     if unknown:
-        raise ConfigError(f"unknown key(s) {unknown} in {where}; valid keys: ['components', 'kind']")
+        raise ConfigError(
+            f"unknown key(s) {unknown} in {where}; valid keys: ['components', 'kind']"
+        )
     parts = body.get("components")
     if not isinstance(parts, list):
         raise ConfigError(f"{where}.components must be a list")

@@ -171,7 +171,10 @@ class WorkloadResult:
     def write_csv(self, prefix: str | Path) -> tuple[Path, Path]:
         """Raw records to ``<prefix>_steps.csv`` and ``<prefix>_programs.csv`` (wall seconds)."""
         out = []
-        for suffix, rows, cls in (("steps", self.steps, StepRecord), ("programs", self.programs, ProgramRecord)):
+        for suffix, rows, cls in (
+            ("steps", self.steps, StepRecord),
+            ("programs", self.programs, ProgramRecord),
+        ):
             path = Path(f"{prefix}_{suffix}.csv")
             names = [f.name for f in dataclasses.fields(cls)]
             with path.open("w", newline="") as fh:

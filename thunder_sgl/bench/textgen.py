@@ -64,15 +64,23 @@ def text(n_tokens: int, key: str, head: str = "") -> str:
 
 def system_prompt(profile_name: str, n_tokens: int) -> str:
     """The profile's shared system prompt: identical for every program of the profile."""
-    return text(n_tokens, f"system:{profile_name}", head=f"You are {profile_name}, a software agent.\n")
+    return text(
+        n_tokens, f"system:{profile_name}", head=f"You are {profile_name}, a software agent.\n"
+    )
 
 
 def instance_text(spec: ProgramSpec) -> str:
     """The first user message of ``spec`` (its task)."""
-    return text(spec.instance_tokens, f"instance:{spec.program_id}", head=f"Task {spec.program_id}:\n")
+    return text(
+        spec.instance_tokens, f"instance:{spec.program_id}", head=f"Task {spec.program_id}:\n"
+    )
 
 
 def observation_text(spec: ProgramSpec, step: int) -> str:
     """The tool observation appended after LLM call ``step`` of ``spec``."""
     s = spec.steps[step]
-    return text(s.observation_tokens, f"obs:{spec.program_id}:{step}", head=f"<output step={step} tool={s.tool}>\n")
+    return text(
+        s.observation_tokens,
+        f"obs:{spec.program_id}:{step}",
+        head=f"<output step={step} tool={s.tool}>\n",
+    )

@@ -74,7 +74,9 @@ class WorkloadProfile:
         if self.system_prompt_tokens < 0 or self.max_context_tokens < 0:
             raise ConfigError(f"workload {self.name}: token counts must be >= 0")
         if self.max_context_tokens and self.max_context_tokens <= self.system_prompt_tokens:
-            raise ConfigError(f"workload {self.name}: max_context_tokens must exceed system_prompt_tokens")
+            raise ConfigError(
+                f"workload {self.name}: max_context_tokens must exceed system_prompt_tokens"
+            )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "workload") -> WorkloadProfile:
@@ -125,8 +127,10 @@ class ProgramSpec:
     def prompt_tokens_at(self, step: int) -> int:
         """Nominal prompt tokens of LLM call ``step``: system + instance + every earlier output
         and observation (the server's tokenizer and chat template make the real count differ)."""
-        return self.system_prompt_tokens + self.instance_tokens + sum(
-            s.output_tokens + s.observation_tokens for s in self.steps[:step]
+        return (
+            self.system_prompt_tokens
+            + self.instance_tokens
+            + sum(s.output_tokens + s.observation_tokens for s in self.steps[:step])
         )
 
     @property
