@@ -10,9 +10,9 @@ In YAML a distribution is a mapping with a ``kind`` key (or a bare number, read 
       components:
         - {name: search, weight: 0.5, dist: {kind: lognormal, median: 1.5, p95: 6}}
 
-Every kind is a frozen dataclass with ``sample(rng) -> float`` over a ``random.Random`` (the
-stdlib generator: its streams are stable across Python versions, so a seed names the same
-workload everywhere). ``min``/``max`` clip a sample — a capped lognormal models a tool timeout:
+Every kind is a frozen dataclass with ``sample(rng) -> float`` over a stdlib ``random.Random``
+(cheap per scalar, no numpy needed; a seed gives the same draws on a given Python version —
+only ``random()`` itself is promised stable across versions). ``min``/``max`` clip a sample — a capped lognormal models a tool timeout:
 the command that would have run longer takes exactly the timeout. Kinds are registered in
 ``KINDS``; an unknown kind, an unknown key or an impossible value raises ``ConfigError``.
 """
@@ -33,8 +33,8 @@ Z95 = 1.6448536269514722
 
 
 class Distribution(Protocol):
-    """A non-negative random quantity. ``sample`` draws one value and has no other effect than
-    advancing ``rng``; the number of draws it takes from ``rng`` is fixed by the distribution."""
+    """A non-negative random quantity. ``sample`` draws one value; its only effect is to
+    advance ``rng``, and the value is a pure function of ``rng``'s state."""
 
     def sample(self, rng: random.Random) -> float: ...
 

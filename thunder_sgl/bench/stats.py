@@ -126,8 +126,7 @@ class WorkloadResult:
 
     @property
     def kv_hit_rate(self) -> float:
-        prompt = self.prompt_tokens
-        return self.cached_tokens / prompt if prompt else 0.0
+        return _ratio(self.cached_tokens, self.prompt_tokens)
 
     def _completion_times(self) -> list[float]:
         return [
@@ -136,13 +135,12 @@ class WorkloadResult:
             if p.outcome == "completed" and p.end_s is not None and self._in_window(p.end_s)
         ]
 
-    def _latencies(self) -> list[float]:
-        return [s.latency_s * self.time_scale for s in self._ok_calls()]
-
     def summary(self) -> dict[str, Any]:
         """The measures as plain data (times in simulated seconds)."""
         done = self._completion_times()
-        lat = self._latencies()
+        calls = self._ok_calls()
+        lat = [s.latency_s * self.time_scale for s in calls]
+        prompt, cached = self.prompt_tokens, self.cached_tokens
         outcomes = Counter(p.outcome for p in self.programs)
         return {
             "profile": self.profile,
@@ -152,10 +150,10 @@ class WorkloadResult:
             "window_sim_s": self.window_sim_s,
             "steps_completed": self.steps_completed,
             "steps_per_min": self.steps_per_min,
-            "kv_hit_rate": self.kv_hit_rate,
-            "prompt_tokens": self.prompt_tokens,
-            "cached_tokens": self.cached_tokens,
-            "completion_tokens": sum(s.completion_tokens for s in self._ok_calls()),
+            "kv_hit_rate": _ratio(cached, prompt),
+            "prompt_tokens": prompt,
+            "cached_tokens": cached,
+            "completion_tokens": sum(s.completion_tokens for s in calls),
             "programs_started": len(self.programs),
             "programs_completed": outcomes["completed"],
             "programs_failed": outcomes["failed"],
@@ -184,6 +182,10 @@ class WorkloadResult:
                     w.writerow([_cell(getattr(r, n)) for n in names])
             out.append(path)
         return out[0], out[1]
+
+
+def _ratio(part: int, whole: int) -> float:
+    return part / whole if whole else 0.0
 
 
 def _cell(v: Any) -> Any:
