@@ -124,8 +124,8 @@ class LocalProvider:
     ) -> ExecResult:
         box = self._box(handle)
         cwd = self._path(box, workdir or box.spec.workdir)
-        if not cwd.is_dir():
-            raise BadRequest(f"workdir {workdir!r} does not exist in the sandbox", param="workdir")
+        if not cwd.is_dir():  # as docker answers: the command could not start
+            return ExecResult(126, "", f"workdir {workdir!r} does not exist in the sandbox\n", 0.0)
         # Output goes to files, not pipes: a background child that keeps a pipe open would
         # otherwise hold the exec until its timeout.
         fd, out_name = tempfile.mkstemp(dir=box.dir / ".exec", suffix=".out")

@@ -32,7 +32,7 @@ def tagged_pids(instance_id: str, **match: str) -> list[int]:
     return sorted(procs.tagged({ENV_INSTANCE: instance_id, **match}))
 
 
-def start_owner(provider: str, instance: str, programs: int, *extra: str) -> tuple[subprocess.Popen[str], list[dict[str, Any]]]:
+def start_owner(provider: str, instance: str, programs: int, *extra: str) -> tuple[subprocess.Popen[str], dict[str, Any]]:
     """Run the stand-in router process until its sandboxes are ready; return it and them."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen(
@@ -77,7 +77,19 @@ async def main() -> None:
         if args.provider == "local":
             # A daemon that escapes the process group: only the environment tag finds it.
             await manager.exec(i.program_id, i.id, "setsid sleep 300 >/dev/null 2>&1 &", 10)
-    print(json.dumps([{"program_id": i.program_id, "id": i.id, "handle": i.handle, "ports": i.ports} for i in ready]), flush=True)
+    external = None
+    if args.provider == "docker" and args.state is not None:
+        # A container the agent made itself (no labels of ours), registered for reaping.
+        import docker
+
+        client = docker.from_env()
+        c = client.containers.create(
+            "thunder-sandbox:latest", ["sleep", "3600"], name=f"ext-{args.instance}", network_mode="none"
+        )
+        c.start()
+        external = (await manager.register_resource("prog-1", {"kind": "container", "id": c.name}))["id"]
+    boxes = [{"program_id": i.program_id, "id": i.id, "handle": i.handle, "ports": i.ports} for i in ready]
+    print(json.dumps({"sandboxes": boxes, "external": external}), flush=True)
     await asyncio.sleep(3600)
 
 

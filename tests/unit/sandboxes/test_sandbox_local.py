@@ -74,6 +74,10 @@ async def test_workdir_maps_into_the_sandbox_tree(local_manager: SandboxManager)
     handle = Path(local_manager.get("p", sid).handle or "")
     assert r.stdout.strip() == str(handle / "work" / "repo")
     assert (handle / "work" / "repo" / "made-here").exists()
+    r = await local_manager.exec("p", sid, "true", 5, workdir="/missing")
+    assert r.exit_code == 126 and "does not exist" in r.stderr  # a result, as docker answers
+    r = await local_manager.exec("p", sid, ["no-such-binary-here"], 5)
+    assert r.exit_code == 127
 
 
 async def test_output_beyond_the_cap_is_truncated(tmp_path: Path, instance_id: str) -> None:
@@ -197,7 +201,8 @@ async def test_provider_none_refuses_sandboxes_with_403() -> None:
 
 async def test_sweep_reaps_the_local_sandboxes_of_a_killed_owner(tmp_path: Path, instance_id: str) -> None:
     root = tmp_path / "sandboxes"
-    owner, boxes = start_owner("local", instance_id, 3, "--root", str(root))
+    owner, report = start_owner("local", instance_id, 3, "--root", str(root))
+    boxes = report["sandboxes"]
     try:
         kill_owner(owner)
         # Orphans: the owner is dead, its sandboxes' processes (and setsid escapees) live on.
