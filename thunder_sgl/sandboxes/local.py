@@ -99,10 +99,14 @@ class LocalProvider:
         }
         box = _Local(program_id, sandbox_id, d, spec, env)
         self._boxes[str(d)] = box
-        if spec.workdir:
-            self._path(box, spec.workdir).mkdir(parents=True, exist_ok=True)
-        if spec.command:
-            await self._spawn_main(box)
+        try:
+            if spec.workdir:
+                self._path(box, spec.workdir).mkdir(parents=True, exist_ok=True)
+            if spec.command:
+                await self._spawn_main(box)
+        except BaseException:
+            await self.remove(str(d))
+            raise
         return str(d)
 
     async def _spawn_main(self, box: _Local) -> None:

@@ -233,3 +233,10 @@ async def eventually(check: Callable[[], bool], timeout: float = 2.0) -> bool:
             return False
         await asyncio.sleep(0.02)
     return True
+
+
+async def test_a_command_that_cannot_start_fails_the_sandbox_and_leaves_no_directory(local_manager: SandboxManager, tmp_path: Path) -> None:
+    info = await local_manager.create("p", {"command": ["/no/such/server"], "ports": 1})
+    done = await local_manager.wait_ready("p", info.id, 10)
+    assert done.status is S.FAILED and done.error is not None and "cannot start command ['/no/such/server']" in done.error
+    assert list((tmp_path / "sandboxes").glob("*/sb-*")) == [] and local_manager.ports.owned("p") == []
