@@ -263,9 +263,10 @@ class SandboxManager:
     async def prepare_ahead(self, program_id: str, *, wait: bool = False) -> int:
         """Ready the program's environment before it runs again: restart sandboxes the router
         stopped, and those whose container exited behind our back. Starts the work in the
-        background and returns how many sandboxes it looks at; ``wait=True`` awaits it."""
+        background and returns how many sandboxes it looks at; ``wait=True`` awaits it.
+        A no-op when ``sandboxes.prepare_ahead`` is off (an exec still restarts on demand)."""
         owned = self._owned.get(program_id)
-        if owned is None or self.provider is None:
+        if owned is None or self.provider is None or not self.config.prepare_ahead:
             return 0
         entries = [e for e in owned.sandboxes.values() if e.info.status in (S.STOPPED, S.READY)]
         tasks = [self._spawn(e, self._ensure_running(e)) for e in entries]

@@ -41,6 +41,21 @@ async def test_create_returns_at_once_and_prepares_in_the_background(local_manag
     assert done.status is S.READY and done.prepare_seconds is not None and done.prepare_seconds >= 0.5
 
 
+async def test_setup_overlaps_the_admission_wait(local_manager: SandboxManager) -> None:
+    """S = W = 0.6 s: created at arrival, the sandbox is ready at max(S, W), not S + W, and
+    the first LLM call (after admission) is not delayed by it. The docker version of this
+    test measures the same with a real container."""
+    s = w = 0.6
+    t0 = time.perf_counter()
+    info = await local_manager.create("p", {"setup": [f"sleep {s}"]})
+    assert time.perf_counter() - t0 < 0.1
+    await asyncio.sleep(w)  # waiting for admission
+    first_call = time.perf_counter() - t0
+    await local_manager.wait_ready("p", info.id, 10)
+    ready_at = time.perf_counter() - t0
+    assert first_call < w + 0.1 and ready_at < max(s, w) + 0.3 < s + w
+
+
 async def test_exec_reports_exit_code_stdout_stderr_and_duration(local_manager: SandboxManager) -> None:
     sid = await ready(local_manager, "p")
     r = await local_manager.exec("p", sid, "echo out; echo err >&2; sleep 0.2; exit 3", 5)
@@ -172,11 +187,17 @@ async def test_stop_then_prepare_ahead_restarts_before_the_program_runs(local_ma
     assert await eventually(lambda: states() == {"S"})
 
 
-async def test_exec_on_a_sandbox_the_router_stopped_restarts_it(local_manager: SandboxManager) -> None:
-    sid = await ready(local_manager, "p", {"command": ["sleep", "300"]})
-    await local_manager.stop_program("p")
-    r = await local_manager.exec("p", sid, "echo back", 5)
-    assert r.stdout == "back\n" and local_manager.get("p", sid).status is S.READY
+async def test_exec_on_a_sandbox_the_router_stopped_restarts_it(tmp_path: Path, instance_id: str) -> None:
+    config = SandboxConfig(provider="local", prepare_ahead=False)
+    m = SandboxManager(config, LocalProvider(instance_id, tmp_path), instance_id)
+    try:
+        sid = await ready(m, "p", {"command": ["sleep", "300"]})
+        await m.stop_program("p")
+        assert await m.prepare_ahead("p", wait=True) == 0  # switched off by config
+        r = await m.exec("p", sid, "echo back", 5)
+        assert r.stdout == "back\n" and m.get("p", sid).status is S.READY
+    finally:
+        await m.close()
 
 
 async def test_too_many_sandboxes_is_409(local_manager: SandboxManager) -> None:

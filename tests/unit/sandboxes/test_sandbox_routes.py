@@ -14,7 +14,9 @@ from fastapi.responses import JSONResponse
 
 from thunder_sgl.errors import NotFound, ThunderError
 from thunder_sgl.gateway.routes_sandboxes import build_sandbox_router
+from thunder_sgl.programs import ProgramTable
 from thunder_sgl.sandboxes import SandboxManager
+from thunder_sgl.sandboxes.hooks import TableHooks
 
 
 class FakeHooks:
@@ -199,3 +201,24 @@ async def test_register_a_container_without_docker_is_400(client: httpx.AsyncCli
     assert r.status_code == 400 and error(r)["param"] == "kind"
     r = await client.post("/programs/p1/resources", content=b"")
     assert r.status_code == 400 and error(r)["message"] == "request body must be a JSON object"
+
+
+async def test_table_hooks_account_tool_time_on_the_program(local_manager: SandboxManager) -> None:
+    table = ProgramTable()
+    program = table.create("agent", now=0.0)
+    app = FastAPI()
+
+    @app.exception_handler(ThunderError)
+    async def thunder_error(_: Request, err: ThunderError) -> JSONResponse:
+        return JSONResponse(err.body(), status_code=err.status)
+
+    app.include_router(build_sandbox_router(local_manager, TableHooks(table)))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router") as c:
+        sid = await ready_sandbox(c, "agent")
+        r = await c.post(f"/programs/agent/sandboxes/{sid}/exec", json={"command": "sleep 0.2"})
+        assert program.tool_running == 0 and program.last_tool_seconds == r.json()["duration_seconds"]
+        assert program.total_tool_seconds == program.last_tool_seconds >= 0.2
+        table.remove("agent", now=1.0)
+        await local_manager.release_program("agent")
+        r = await c.post(f"/programs/agent/sandboxes/{sid}/exec", json={"command": "true"})
+        assert r.status_code == 404 and error(r)["code"] == "program_not_found"
