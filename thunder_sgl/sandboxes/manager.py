@@ -8,12 +8,8 @@ or when ``sweep_orphans`` finds its program gone). Release first tears down what
 knows, then asks the provider to reap whatever still carries the program's identity (a
 safety net that does not depend on the manager's memory), then reclaims the ports.
 
-Status of one sandbox (``SandboxStatus``)::
-
-    create ─▶ preparing ─▶ ready ─▶ stopped ─▶ preparing (restart) ─▶ ready …
-                  └──▶ failed (owns nothing)          any ─▶ removed (delete / release)
-
-A failed sandbox keeps its error message but owns no container, process or port.
+One sandbox's states and transitions live in ``lifecycle.Sandbox``; the manager finds
+sandboxes by program, runs their transitions as background tasks and owns the ports.
 """
 
 from __future__ import annotations
@@ -30,22 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from thunder_sgl.config import SandboxConfig
-from thunder_sgl.errors import (
-    Conflict,
-    Forbidden,
-    GatewayTimeout,
-    NotFound,
-    SandboxError,
-    ThunderError,
-)
-from thunder_sgl.sandboxes.base import (
-    ExecResult,
-    RunState,
-    SandboxInfo,
-    SandboxProvider,
-    SandboxStatus,
-)
+from thunder_sgl.errors import Conflict, Forbidden, GatewayTimeout, NotFound
+from thunder_sgl.sandboxes.base import ExecResult, SandboxInfo, SandboxProvider, SandboxStatus
 from thunder_sgl.sandboxes.journal import ResourceJournal
+from thunder_sgl.sandboxes.lifecycle import Sandbox
 from thunder_sgl.sandboxes.ports import PortAllocator
 from thunder_sgl.sandboxes.spec import (
     parse_command,
@@ -63,17 +47,9 @@ REMOVED_KEPT = 32
 S = SandboxStatus
 
 
-@dataclass(eq=False)
-class _Entry:
-    info: SandboxInfo
-    settled: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set whenever the status is not ``preparing``."""
-    task: asyncio.Task[None] | None = None
-
-
 @dataclass
 class _Owned:
-    sandboxes: dict[str, _Entry] = field(default_factory=dict)
+    sandboxes: dict[str, Sandbox] = field(default_factory=dict)
     containers: set[str] = field(default_factory=set)
 
 
@@ -117,10 +93,10 @@ class SandboxManager:
         sid = "sb-" + secrets.token_hex(6)
         ports = self.ports.allocate(program_id, parsed.ports)
         info = SandboxInfo(sid, program_id, S.PREPARING, provider.name, parsed, ports, created_at=self.clock())
-        entry = _Entry(info)
+        entry = Sandbox(info, provider, self.ports, self.clock, self.config.max_exec_timeout_seconds)
         owned.sandboxes[sid] = entry
         self._prune(owned)
-        self._spawn(entry, self._prepare(entry, restart=False))
+        self._spawn(entry, entry.prepare())
         return self._snapshot(entry)
 
     def get(self, program_id: str, sid: str) -> SandboxInfo:
@@ -169,9 +145,9 @@ class SandboxManager:
         extra_env = parse_env(env, "env")
         wd = parse_workdir(workdir, "workdir")
         entry = self._entry(program_id, sid)
-        if entry.info.status is S.STOPPED:
-            await self._restart(entry)
-        if entry.info.status is S.PREPARING and entry.info.ready_at is not None:  # a restart
+        if entry.status is S.STOPPED:
+            await entry.restart()
+        if entry.restarting:
             await self.wait_ready(program_id, sid, seconds)
         info = entry.info
         if info.status is not S.READY or info.handle is None:
@@ -187,7 +163,7 @@ class SandboxManager:
     # ---- removal -----------------------------------------------------------------------
     async def delete(self, program_id: str, sid: str) -> SandboxInfo:
         entry = self._entry(program_id, sid)
-        await self._teardown(entry)
+        await entry.teardown()
         return self._snapshot(entry)
 
     async def release_program(self, program_id: str) -> dict[str, Any]:
@@ -205,7 +181,7 @@ class SandboxManager:
         owned = self._owned.pop(program_id, _Owned())
         doomed = [e for e in owned.sandboxes.values() if e.info.status is not S.REMOVED]
         results = await asyncio.gather(
-            *(self._teardown(e) for e in doomed),
+            *(e.teardown() for e in doomed),
             *(self._remove_container(c) for c in owned.containers),
             return_exceptions=True,
         )
@@ -269,7 +245,7 @@ class SandboxManager:
         if owned is None or self.provider is None or not self.config.prepare_ahead:
             return 0
         entries = [e for e in owned.sandboxes.values() if e.info.status in (S.STOPPED, S.READY)]
-        tasks = [self._spawn(e, self._ensure_running(e)) for e in entries]
+        tasks = [self._spawn(e, e.ensure_running()) for e in entries]
         if wait and tasks:
             await asyncio.gather(*tasks)
         return len(entries)
@@ -277,13 +253,13 @@ class SandboxManager:
     async def stop_program(self, program_id: str) -> int:
         """Stop (not remove) the ready sandboxes of a long-paused program; returns how many."""
         owned = self._owned.get(program_id)
-        if owned is None or self.provider is None:
+        if owned is None:
             return 0
-        provider = self.provider
-        entries = [e for e in owned.sandboxes.values() if e.info.status is S.READY and e.info.handle]
-        for e in entries:
-            e.info.status = S.STOPPED
-        await asyncio.gather(*(provider.stop(e.info.handle) for e in entries if e.info.handle), return_exceptions=True)
+        entries = [e for e in owned.sandboxes.values() if e.status is S.READY]
+        results = await asyncio.gather(*(e.stop() for e in entries), return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                log.warning("stopping a sandbox of program %s: %s", program_id, r)
         return len(entries)
 
     async def close(self, *, release: bool = True) -> None:
@@ -303,73 +279,6 @@ class SandboxManager:
         return [self._snapshot(e) for e in owned.sandboxes.values()]
 
     # ---- internals ---------------------------------------------------------------------
-    async def _prepare(self, entry: _Entry, *, restart: bool) -> None:
-        info = entry.info
-        provider = self._provider()
-        t0 = time.perf_counter()
-        try:
-            if restart:
-                assert info.handle is not None
-                await provider.start(info.handle)
-            else:
-                info.handle = await provider.create(info.program_id, info.id, info.spec, info.ports)
-                for i, cmd in enumerate(info.spec.setup):
-                    if info.status is not S.PREPARING:
-                        break
-                    r = await provider.exec(info.handle, builtins.list(cmd), self.config.max_exec_timeout_seconds, {}, None)
-                    if r.exit_code != 0 and info.status is S.PREPARING:
-                        why = "timed out" if r.timed_out else f"exited with {r.exit_code}"
-                        raise SandboxError(f"setup[{i}] {builtins.list(cmd)} {why}: {r.stderr[-500:].strip()}")
-            if info.status is S.PREPARING:
-                info.status = S.READY
-                info.ready_at = self.clock()
-                info.prepare_seconds = time.perf_counter() - t0
-        except Exception as e:
-            if info.status is S.PREPARING:
-                info.status = S.FAILED
-                info.error = e.message if isinstance(e, ThunderError) else f"{type(e).__name__}: {e}"
-                await self._free(entry)
-        finally:
-            entry.settled.set()
-        if info.status is S.REMOVED and info.handle is not None:
-            await self._free(entry)  # deleted while preparing: what was just created goes too
-
-    async def _restart(self, entry: _Entry) -> None:
-        entry.info.status = S.PREPARING
-        entry.settled = asyncio.Event()
-        await self._prepare(entry, restart=True)
-
-    async def _ensure_running(self, entry: _Entry) -> None:
-        info = entry.info
-        if info.status is S.READY and info.handle is not None:
-            state = await self._provider().state(info.handle)
-            if state is RunState.MISSING:
-                info.status, info.error = S.FAILED, "the sandbox disappeared outside the router"
-                await self._free(entry)
-                return
-            if state is RunState.RUNNING:
-                return
-        if info.status in (S.READY, S.STOPPED):
-            await self._restart(entry)
-
-    async def _teardown(self, entry: _Entry) -> None:
-        info = entry.info
-        if info.status is S.REMOVED:
-            return
-        info.status = S.REMOVED
-        entry.settled.set()
-        await self._free(entry)  # kills a running setup command too
-        if entry.task is not None and not entry.task.done():
-            await asyncio.shield(entry.task)  # a create in flight: it removes what it made
-            await self._free(entry)
-
-    async def _free(self, entry: _Entry) -> None:
-        info = entry.info
-        handle, info.handle = info.handle, None
-        self.ports.release(info.program_id, info.ports)
-        if handle is not None and self.provider is not None:
-            await self.provider.remove(handle)
-
     async def _remove_container(self, cid: str) -> None:
         await self._provider().remove_container(cid)
 
@@ -380,14 +289,14 @@ class SandboxManager:
         if task is not None:
             await asyncio.shield(task)
 
-    def _spawn(self, entry: _Entry, coro: Any) -> asyncio.Task[None]:
+    def _spawn(self, entry: Sandbox, coro: Any) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro)
         entry.task = task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def _entry(self, program_id: str, sid: str) -> _Entry:
+    def _entry(self, program_id: str, sid: str) -> Sandbox:
         owned = self._owned.get(program_id)
         entry = owned.sandboxes.get(sid) if owned else None
         if entry is None:
@@ -400,7 +309,7 @@ class SandboxManager:
         return self.provider
 
     @staticmethod
-    def _snapshot(entry: _Entry) -> SandboxInfo:
+    def _snapshot(entry: Sandbox) -> SandboxInfo:
         return dataclasses.replace(entry.info, ports=builtins.list(entry.info.ports))
 
     @staticmethod
