@@ -13,8 +13,8 @@ import pytest
 from sandbox_owner import kill_owner, start_owner, tagged_pids
 
 from thunder_sgl.config import SandboxConfig
-from thunder_sgl.errors import Conflict, Forbidden, GatewayTimeout, NotFound
-from thunder_sgl.sandboxes import SandboxManager, SandboxStatus, procs
+from thunder_sgl.errors import ConfigError, Conflict, Forbidden, GatewayTimeout, NotFound
+from thunder_sgl.sandboxes import SandboxManager, SandboxStatus, open_manager, open_provider, procs
 from thunder_sgl.sandboxes.base import ENV_PROGRAM, ENV_SANDBOX
 from thunder_sgl.sandboxes.local import LocalProvider
 from thunder_sgl.sandboxes.ports import port_is_free
@@ -261,3 +261,17 @@ async def test_a_command_that_cannot_start_fails_the_sandbox_and_leaves_no_direc
     done = await local_manager.wait_ready("p", info.id, 10)
     assert done.status is S.FAILED and done.error is not None and "cannot start command ['/no/such/server']" in done.error
     assert list((tmp_path / "sandboxes").glob("*/sb-*")) == [] and local_manager.ports.owned("p") == []
+
+
+async def test_provider_is_chosen_by_config_and_docker_fails_loudly_without_a_daemon(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    assert open_provider(SandboxConfig(provider="none"), "i") is None
+    assert isinstance(open_provider(SandboxConfig(provider="local"), "i", local_root=tmp_path), LocalProvider)
+    assert isinstance(open_provider(SandboxConfig(provider="auto"), "i", local_root=tmp_path), LocalProvider)
+    with pytest.raises(ConfigError, match="sandboxes.provider is docker but no docker daemon answers"):
+        open_provider(SandboxConfig(provider="docker"), "i")
+    m = await open_manager(SandboxConfig(provider="auto"), "i", local_root=tmp_path)
+    assert m.provider is not None and m.provider.name == "local"
+    await m.close()
