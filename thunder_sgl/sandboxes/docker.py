@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Callable, Collection
@@ -46,6 +47,7 @@ from thunder_sgl.sandboxes.base import (
 from thunder_sgl.sandboxes.spec import KEEPALIVE_COMMAND, SandboxSpec
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 KILL_GRACE_SECONDS = 5.0
 
 
@@ -242,8 +244,11 @@ class DockerProvider:
             filters.append(f"{LABEL_PROGRAM}={program_id}")
         found = await self._run(lambda: self.client.api.containers(all=True, filters={"label": filters}))
         ids = [c["Id"] for c in found if doomed(c.get("Labels") or {})]
-        removed = await asyncio.gather(*(self._run(self._remove_blocking, i) for i in ids))
-        return sum(removed)
+        removed = await asyncio.gather(*(self._run(self._remove_blocking, i) for i in ids), return_exceptions=True)
+        for r in removed:
+            if isinstance(r, BaseException):
+                log.warning("sandbox sweep: %s", r)
+        return sum(1 for r in removed if r is True)
 
     async def adopt_container(self, ref: str, program_id: str) -> str:
         try:
