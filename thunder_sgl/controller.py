@@ -212,6 +212,12 @@ class Controller:
         self._kick = True
         return p, list(q)
 
+    def ensure_program(self, pid: str, now: float) -> Program:
+        """The program, created new (queued, nothing held) if unknown: a sandbox can come
+        before the first LLM call."""
+        p = self.programs.get(pid)
+        return p if p is not None else self._create(Ticket(pid), now)
+
     def tool_started(self, pid: str, now: float) -> None:
         p = self._require(pid)
         p.tool_started(now)

@@ -180,8 +180,10 @@ def test_policy_cache_aware_starts_the_stock_router(spawn, log_dir):
         wait_until(lambda: http_ok(url + "/readiness"), 60, "stock router readiness")
         info = httpx.get(url + "/get_server_info").json()
         assert info == {"router_manager": True, "routers_count": 1, "workers_count": 1} or "policy" not in info
-        r = httpx.post(url + "/v1/chat/completions", json={"model": "tiny", "max_tokens": 4,
-                                                           "messages": [{"role": "user", "content": "hi"}]})
+        body = {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+        # The stock router may answer its first request or two with 5xx while it settles.
+        wait_until(lambda: httpx.post(url + "/v1/chat/completions", json=body).status_code == 200, 20, "a stock chat")
+        r = httpx.post(url + "/v1/chat/completions", json=body)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
         assert httpx.get(url + "/programs").status_code == 404  # not ours: the stock router
     finally:

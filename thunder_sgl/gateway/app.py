@@ -24,6 +24,7 @@ from thunder_sgl.gateway.routes_admin import build_admin_router
 from thunder_sgl.gateway.routes_openai import build_inference_router
 from thunder_sgl.gateway.routes_programs import build_programs_router
 from thunder_sgl.gateway.runtime import Gateway, Settings
+from thunder_sgl.gateway.tools import attach_sandboxes
 
 log = logging.getLogger("thunder_sgl.gateway")
 
@@ -36,13 +37,9 @@ def create_app(config: RouterConfig, settings: Settings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await gw.start()
-        if gw.sandboxes is not None:
-            await gw.sandboxes.start(gw)
         try:
             yield
         finally:
-            if gw.sandboxes is not None:
-                await gw.sandboxes.close()
             await gw.stop()
 
     app = FastAPI(title="thunder_sgl router", version=__version__, lifespan=lifespan,
@@ -72,4 +69,5 @@ def create_app(config: RouterConfig, settings: Settings) -> FastAPI:
     app.include_router(build_inference_router(gw))
     app.include_router(build_programs_router(gw))
     app.include_router(build_admin_router(gw))
+    attach_sandboxes(app, gw)
     return app

@@ -22,7 +22,7 @@ from thunder_sgl.programs import Program
 RELEASE_SCHEMA = {"type": "object", "required": ["program_id"], "properties": {"program_id": {"type": "string"}}}
 
 
-def describe(p: Program, now: float, wall_offset: float, sandboxes: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def describe(p: Program, now: float, wall_offset: float, sandboxes: dict[str, Any] | None = None) -> dict[str, Any]:
     paused_for = (now - p.paused_since) if p.paused_since is not None else 0.0
     return {
         "id": p.id,
@@ -46,7 +46,7 @@ def describe(p: Program, now: float, wall_offset: float, sandboxes: list[dict[st
                    "completion": p.completion_tokens_total},
         "created_at": p.created_at + wall_offset,
         "last_active_at": p.last_active + wall_offset,
-        "sandboxes": sandboxes if sandboxes is not None else list(p.sandboxes),
+        "sandboxes": sandboxes if sandboxes is not None else {},
     }
 
 
@@ -57,10 +57,8 @@ def build_programs_router(gw: Gateway) -> APIRouter:
         import time
         return time.time() - gw.clock()
 
-    async def sandboxes_of(pid: str) -> list[dict[str, Any]] | None:
-        if gw.sandboxes is None:
-            return None
-        return await gw.sandboxes.owned(pid)
+    def sandboxes_of(pid: str) -> dict[str, Any] | None:
+        return gw.sandboxes.owned(pid) if gw.sandboxes is not None else None
 
     @router.get("/programs")
     async def list_programs(request: Request, state: str | None = None) -> JSONResponse:
@@ -90,7 +88,7 @@ def build_programs_router(gw: Gateway) -> APIRouter:
         p = gw.controller.programs.get(pid)
         if p is None:
             raise NotFound(f"program {pid!r} not found (never seen, or already released)", code="program_not_found")
-        return JSONResponse(describe(p, gw.clock(), wall_offset(), await sandboxes_of(pid)))
+        return JSONResponse(describe(p, gw.clock(), wall_offset(), sandboxes_of(pid)))
 
     async def _release(pid: str) -> JSONResponse:
         p = gw.release(pid)

@@ -11,7 +11,8 @@
     POST   /programs/{id}/resources               {"kind": "container", "id"} or
                                                   {"kind": "port", "port"} → 201
 
-Every route first asks ``hooks.require_program`` (404 for unknown or released programs).
+Every route first asks ``hooks.require_program`` (404 for unknown or released programs),
+except create, which registers an unknown program (``hooks.ensure_program``).
 An exec marks the program ACTING for exactly the command's duration: ``tool_started`` just
 before it runs (after validation and readiness checks, so a rejected exec costs nothing) and
 ``tool_finished`` with the duration reported in the response, in a ``finally``. Errors are
@@ -65,7 +66,7 @@ def build_sandbox_router(manager: SandboxManager, hooks: ProgramHooks) -> APIRou
 
     @router.post("/programs/{program_id}/sandboxes", status_code=202)
     async def create_sandbox(program_id: str, request: Request) -> JSONResponse:
-        hooks.require_program(program_id)
+        hooks.ensure_program(program_id)
         info = await manager.create(program_id, await _json(request, allow_empty=True))
         return JSONResponse(info.to_dict(), status_code=202)
 

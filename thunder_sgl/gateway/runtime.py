@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
@@ -25,6 +25,9 @@ from thunder_sgl.controller import Controller, Ticket, TickResult
 from thunder_sgl.errors import NotFound, Overloaded, ThunderError
 from thunder_sgl.gateway.metrics import GatewayMetrics
 from thunder_sgl.programs import Program, Usage
+
+if TYPE_CHECKING:
+    from thunder_sgl.sandboxes import SandboxManager
 
 log = logging.getLogger("thunder_sgl.gateway")
 
@@ -53,9 +56,11 @@ class Gateway:
         self.metrics = GatewayMetrics(self)
         self.session: aiohttp.ClientSession | None = None
         self.monitor: Monitor | None = None
-        self.sandboxes: Any = None
+        self.sandboxes: SandboxManager | None = None
         self.on_release: list[Callable[[Program], Awaitable[None]]] = []
         self.on_tick: list[Callable[[TickResult], None]] = []
+        self.on_start: list[Callable[[], None]] = []
+        self.on_stop: list[Callable[[], Awaitable[None]]] = []
         self._kick = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._bg: set[asyncio.Task[Any]] = set()
@@ -73,8 +78,15 @@ class Gateway:
         for url in self.settings.worker_urls:
             self.monitor.add(url)
         self._loop_task = asyncio.get_running_loop().create_task(self._scheduler_loop(), name="thunder tick")
+        for hook in self.on_start:
+            hook()
 
     async def stop(self) -> None:
+        for hook in self.on_stop:
+            try:
+                await hook()
+            except Exception:
+                log.exception("stop hook failed")
         if self._loop_task:
             self._loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

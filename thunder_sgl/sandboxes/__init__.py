@@ -37,18 +37,22 @@ def open_provider(config: SandboxConfig, instance_id: str, *, local_root: Path |
     from thunder_sgl.sandboxes.local import LocalProvider
 
     kind = config.provider
+    if local_root is None and config.local_root:
+        local_root = Path(config.local_root)
     if kind == "none":
         return None
     if kind == "local":
-        return LocalProvider(instance_id, local_root)
+        return LocalProvider(instance_id, local_root, max_output_bytes=config.max_output_bytes)
     if kind in ("docker", "auto"):
+        opts = {"control_concurrency": config.docker_concurrency, "exec_concurrency": config.exec_concurrency,
+                "max_output_bytes": config.max_output_bytes, "stop_timeout": config.stop_timeout_seconds, **docker_kw}
         try:
-            return DockerProvider.connect(instance_id, **docker_kw)
+            return DockerProvider.connect(instance_id, **opts)
         except SandboxError as e:
             if kind == "docker":
                 raise ConfigError(f"sandboxes.provider is docker but {e.message}") from e
             log.warning("sandboxes: %s; using local processes", e.message)
-            return LocalProvider(instance_id, local_root)
+            return LocalProvider(instance_id, local_root, max_output_bytes=config.max_output_bytes)
     raise ConfigError(f"unknown sandbox provider {kind!r}; valid: {list(PROVIDERS)}")
 
 

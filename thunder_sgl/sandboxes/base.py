@@ -184,6 +184,11 @@ class ProgramHooks(Protocol):
         """Raise ``NotFound`` when ``program_id`` is unknown or released."""
         ...
 
+    def ensure_program(self, program_id: str) -> None:
+        """Make ``program_id`` known (creating a new, queued program if needed): an agent may
+        create its sandbox before its first LLM call, and preparation then overlaps the wait."""
+        ...
+
     def tool_started(self, program_id: str) -> None:
         """A tool call of the program starts now: the program is ACTING on a tool."""
         ...

@@ -24,6 +24,10 @@ class TableHooks:
     def require_program(self, program_id: str) -> None:
         self._program(program_id)
 
+    def ensure_program(self, program_id: str) -> None:
+        if self.table.get(program_id) is None:
+            self.table.create(program_id, self.clock())
+
     def tool_started(self, program_id: str) -> None:
         self._program(program_id).tool_started(self.clock())
 

@@ -61,7 +61,7 @@ class SandboxManager:
         instance_id: str,
         *,
         ports: PortAllocator | None = None,
-        max_ports_per_sandbox: int = 16,
+        max_ports_per_sandbox: int | None = None,
         state_path: Path | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -69,7 +69,7 @@ class SandboxManager:
         self.provider = provider
         self.instance_id = instance_id
         self.ports = ports or PortAllocator(config.port_range)
-        self.max_ports_per_sandbox = max_ports_per_sandbox
+        self.max_ports_per_sandbox = config.max_ports_per_sandbox if max_ports_per_sandbox is None else max_ports_per_sandbox
         self.journal = ResourceJournal(state_path)
         self.clock = clock
         self._owned: dict[str, _Owned] = {}
@@ -93,7 +93,7 @@ class SandboxManager:
         sid = "sb-" + secrets.token_hex(6)
         ports = self.ports.allocate(program_id, parsed.ports)
         info = SandboxInfo(sid, program_id, S.PREPARING, provider.name, parsed, ports, created_at=self.clock())
-        entry = Sandbox(info, provider, self.ports, self.clock, self.config.max_exec_timeout_seconds)
+        entry = Sandbox(info, provider, self.ports, self.clock, self.config.setup_timeout_seconds)
         owned.sandboxes[sid] = entry
         self._prune(owned)
         self._spawn(entry, entry.prepare())

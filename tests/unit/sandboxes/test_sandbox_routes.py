@@ -30,6 +30,9 @@ class FakeHooks:
         if program_id not in self.live:
             raise NotFound(f"unknown program {program_id!r}", param="program_id")
 
+    def ensure_program(self, program_id: str) -> None:
+        self.live.add(program_id)
+
     def tool_started(self, program_id: str) -> None:
         self.events.append(("started", program_id, time.perf_counter()))
 
@@ -164,9 +167,19 @@ async def test_create_with_empty_body_uses_defaults_and_lists(client: httpx.Asyn
     assert r.status_code == 200 and [s["object"] for s in r.json()["data"]] == ["sandbox"]
 
 
-async def test_unknown_program_is_404_before_anything_is_created(client: httpx.AsyncClient, local_manager: SandboxManager) -> None:
-    r = await client.post("/programs/ghost/sandboxes", json={})
-    assert r.status_code == 404 and local_manager.programs() == []
+async def test_unknown_program_is_404_on_every_route_but_create(client: httpx.AsyncClient, local_manager: SandboxManager) -> None:
+    for method, path in (("GET", "/programs/ghost/sandboxes"), ("GET", "/programs/ghost/sandboxes/sb-1"),
+                         ("POST", "/programs/ghost/sandboxes/sb-1/exec"), ("DELETE", "/programs/ghost/sandboxes/sb-1")):
+        r = await client.request(method, path, json={"command": "true"} if method == "POST" else None)
+        assert r.status_code == 404, (method, path)
+    assert local_manager.programs() == []
+
+
+async def test_create_registers_a_program_not_seen_yet(client: httpx.AsyncClient, hooks: FakeHooks) -> None:
+    """An agent may create its sandbox before its first LLM call (preparation then overlaps
+    the wait for admission)."""
+    r = await client.post("/programs/early/sandboxes", json={})
+    assert r.status_code == 202 and "early" in hooks.live
 
 
 async def test_delete_answers_removed_and_then_exec_is_409(client: httpx.AsyncClient) -> None:
