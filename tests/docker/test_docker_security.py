@@ -79,6 +79,9 @@ class Hooks:
         if program_id not in self.live:
             raise NotFound(f"unknown program {program_id!r}")
 
+    def ensure_program(self, program_id: str) -> None:
+        self.live.add(program_id)
+
     def tool_started(self, program_id: str) -> None:
         self.tool.append(("started", time.perf_counter()))
 
