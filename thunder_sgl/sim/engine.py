@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from thunder_sgl.sim.config import SimConfig
 from thunder_sgl.sim.metrics import LATENCY_BUCKETS, LOAD_BUCKETS, Histogram, engine_stats
+from thunder_sgl.sim.radix import Node
 from thunder_sgl.sim.request import (
     DONE,
     PREFILL,
@@ -77,15 +78,20 @@ class Plan:
     """Duration of the first step."""
     q: float
     """Each further step is q longer (context grows by B per step)."""
+    touched: list[Node]
+    """Cached prefix of the queue head that could not be admitted (re-touched every step)."""
 
 
 class Engine:
     """One DP rank. Drive it with submit / next_event_time / advance (see ``thunder_sgl.sim``)."""
 
-    def __init__(self, cfg: SimConfig, dp_rank: int = 0) -> None:
+    def __init__(self, cfg: SimConfig, dp_rank: int = 0, max_span_steps: int | None = None) -> None:
+        """``max_span_steps``: cap on decode steps per plan (1 simulates step by step; for
+        validating the event-driven jumps, never needed otherwise)."""
         s, h = cfg.server, cfg.hicache
         self.cfg = cfg
         self.dp_rank = dp_rank
+        self.max_span_steps = max_span_steps
         self.roofline = Roofline.from_config(cfg)
         self.capacity = s.max_total_num_tokens
         self.page = s.page_size
@@ -106,6 +112,7 @@ class Engine:
         self._private = 0
         self._hit_rate = 0.0
         self._window: deque[tuple[float, int, float]] = deque()
+        self._head_path: list[Node] = []
         self.hist_ttft = Histogram(LATENCY_BUCKETS)
         self.hist_e2e = Histogram(LATENCY_BUCKETS)
         self.hist_load_back = Histogram(LOAD_BUCKETS)
@@ -252,6 +259,7 @@ class Engine:
         rf = self.roofline
         if self.running and self._free() + self.cache.evictable < len(self.running):
             self._retract(t, out)
+        self._head_path = []
         items, load_s = self._schedule_prefill(t)
         if not items and not self.running and self.chunked is not None:
             self._release(self.chunked)  # a chunked prefill that cannot get KV: start it over
@@ -272,11 +280,14 @@ class Engine:
             steps = min(steps, (self._free() + self.cache.evictable) // b)
             if self.waiting and b < self.cfg.server.max_running_requests and self.ratio > self._min_ratio:
                 steps = min(steps, RECHECK_STEPS)
-            self._ensure_free(steps * b)
+            if self.max_span_steps is not None:
+                steps = min(steps, self.max_span_steps)
+            # KV for the span is taken (evicting LRU cache) when it commits, so a span cut short
+            # by an arrival evicts only what its executed steps used
             a, q = decode_step(rf, b, kv), decode_growth(rf, b)
         for r in decode:
             r.in_plan = True
-        return Plan(t, t + span(a, q, steps), steps, decode, items, a, q)
+        return Plan(t, t + span(a, q, steps), steps, decode, items, a, q, self._head_path)
 
     def _schedule_prefill(self, t: float) -> tuple[list[tuple[Req, int]], float]:
         s, cache, rf = self.cfg.server, self.cache, self.roofline
@@ -306,6 +317,7 @@ class Engine:
             total = extend + min(r.max_new - r.n_out, clip)
             idle = not self.running and not items and self.chunked is None
             if not self._fits(total, extend, offset, idle):
+                self._head_path = hit.path
                 break
             left = r.fill_len - hit.total
             if (left > rem_chunk and self.chunked is not None) or (left >= rem_input and items):
@@ -314,6 +326,7 @@ class Engine:
             cache.lock(last)  # locking the hit may shrink what is evictable: check again
             if not self._fits(total, extend, offset, idle):
                 cache.unlock(last)
+                self._head_path = hit.path
                 break
             if hit.load_tokens:
                 if self._ensure_free(hit.load_tokens):
@@ -356,6 +369,12 @@ class Engine:
 
     def _commit(self, p: Plan, out: list[Completion]) -> None:
         t, steps, c = p.end, p.steps, self.counters
+        if not p.prefill:
+            # a step-by-step engine re-matches the blocked head of the queue every iteration,
+            # keeping its cached prefix fresh in the LRU: do the same before taking KV
+            if p.touched:
+                self.cache.tree.stamp(p.touched, p.start + span(p.a, p.q, steps - 1))
+            self._ensure_free(steps * len(p.decode))
         for r in p.decode:
             r.in_plan = False
             r.n_out += steps
@@ -402,9 +421,8 @@ class Engine:
         aligned = self._align(r.kv_len)
         if aligned <= r.tree_len:
             return
-        last, _ = self.cache.insert(r.seq(aligned), t)
-        self.cache.lock(last)
-        self.cache.unlock(r.last_node)
+        last, _ = self.cache.insert(r.seq(aligned), t, r.last_node, 4 * r.tree_len)
+        self.cache.extend_lock(r.last_node, last)
         r.last_node = last
         moved = aligned - r.tree_len
         r.private -= moved
@@ -415,7 +433,7 @@ class Engine:
         if r.state in (PREFILL, RUNNING):
             aligned = self._align(r.kv_len)
             if aligned > r.tree_len:
-                self.cache.insert(r.seq(aligned), t)
+                self.cache.insert(r.seq(aligned), t, r.last_node, 4 * r.tree_len)
             self.cache.unlock(r.last_node)
             self._private -= r.private
             r.private = 0

@@ -63,7 +63,11 @@ def engine_stats(e: Engine) -> EngineStats:
     steps, batch = e._inflight()
     inflight = steps * batch
     private = e._private + inflight
-    device_used = cache.device_tokens + private
+    # a decode span takes its KV when it commits; until then count what its steps used so far,
+    # as evicted from the LRU cache if the pool is full
+    overflow = max(0, cache.device_tokens + private - e.capacity)
+    evictable = cache.evictable - overflow
+    device_used = cache.device_tokens + private - overflow
     used = cache.protected + private
     while len(e._window) > 1 and e._window[1][0] <= now - 5.0:
         e._window.popleft()
@@ -86,7 +90,7 @@ def engine_stats(e: Engine) -> EngineStats:
         max_total_num_tokens=e.capacity,
         device_used_tokens=device_used,
         num_used_tokens=used,
-        evictable_tokens=cache.evictable,
+        evictable_tokens=evictable,
         free_tokens=e.capacity - device_used,
         num_active_tokens=sum(r.kv_len for r in e.running) + inflight,
         host_used_tokens=cache.host_used,

@@ -22,20 +22,20 @@ TIER_NAMES = {DEVICE: "device", HOST: "host", STORAGE: "storage"}
 
 
 class Node:
-    __slots__ = ("key", "children", "parent", "lock_ref", "last_access", "tiers", "nid")
+    __slots__ = ("key", "ntokens", "children", "parent", "lock_ref", "last_access", "seq", "tiers", "nid")
 
     def __init__(self, key: bytes, parent: Node | None, tiers: int, now: float, nid: int) -> None:
         self.key = key
+        self.ntokens = len(key) >> 2
         self.children: dict[bytes, Node] = {}
         self.parent = parent
         self.lock_ref = 0
         self.last_access = now
+        self.seq = 0
+        """Order of the operation that last touched the node: breaks ties of equal times, so the
+        later of two operations at one simulated instant counts as more recent (LRU)."""
         self.tiers = tiers
         self.nid = nid
-
-    @property
-    def ntokens(self) -> int:
-        return len(self.key) >> 2
 
     @property
     def alive(self) -> bool:
@@ -60,6 +60,7 @@ class RadixTree:
         self.page_size = page_size
         self.page_bytes = 4 * page_size
         self._ids = itertools.count(1)
+        self._ops = itertools.count(1)
         self.root = Node(b"", None, DEVICE | HOST | STORAGE, 0.0, 0)
         self.root.lock_ref = 1
         self.num_nodes = 0
@@ -95,19 +96,23 @@ class RadixTree:
             path.append(self.split(child, common))
             pos += common
             break
-        for nd in path:
-            nd.last_access = now
+        self.stamp(path, now)
         return path, pos
 
-    def insert(self, key: bytes, now: float, tiers: int) -> tuple[list[Node], list[Node]]:
+    def insert(self, key: bytes, now: float, tiers: int, start: Node | None = None, start_bytes: int = 0) -> tuple[list[Node], list[Node]]:
         """Make ``key`` (page-aligned) a path of the tree.
 
-        Returns the full path (root excluded) and the nodes created by this call; created nodes
-        get ``tiers``, existing nodes keep theirs. Every node on the path is stamped with ``now``.
+        ``start``: a node known to end exactly at byte ``start_bytes`` of ``key`` (a request's
+        locked prefix): the walk begins there. Returns the nodes on the path after ``start`` (or
+        after the root) and the nodes created by this call; created nodes get ``tiers``, existing
+        ones keep theirs. The whole path from the root is stamped with ``now``.
         """
         pb = self.page_bytes
         end = self.align(len(key))
-        node, pos, path, created = self.root, 0, [], []
+        node = start if start is not None else self.root
+        pos = start_bytes if start is not None else 0
+        path: list[Node] = []
+        created: list[Node] = []
         while pos < end:
             child = node.children.get(key[pos : pos + pb])
             if child is None:
@@ -130,9 +135,21 @@ class RadixTree:
             path.append(child)
             pos += common
             node = child
-        for nd in path:
-            nd.last_access = now
+        seq = self.stamp(path, now)
+        anc = start
+        while anc is not None and anc is not self.root:
+            anc.last_access = now
+            anc.seq = seq
+            anc = anc.parent
         return path, created
+
+    def stamp(self, nodes: list[Node], now: float) -> int:
+        """Mark ``nodes`` as used at ``now`` by one new operation; returns its sequence number."""
+        seq = next(self._ops)
+        for nd in nodes:
+            nd.last_access = now
+            nd.seq = seq
+        return seq
 
     def split(self, child: Node, nbytes: int) -> Node:
         """Cut ``child``'s edge after ``nbytes``: the prefix becomes a new parent node."""
@@ -140,9 +157,11 @@ class RadixTree:
         assert parent is not None and 0 < nbytes < len(child.key)
         pb = self.page_bytes
         head = Node(child.key[:nbytes], parent, child.tiers, child.last_access, next(self._ids))
+        head.seq = child.seq
         head.lock_ref = child.lock_ref
         parent.children[child.key[:pb]] = head
         child.key = child.key[nbytes:]
+        child.ntokens = len(child.key) >> 2
         child.parent = head
         head.children[child.key[:pb]] = child
         self.num_nodes += 1

@@ -100,7 +100,8 @@ class KVCache:
         self.load_back_threshold = load_back_threshold
         self.storage_prefetch_threshold = storage_prefetch_threshold
         self.counters = CacheCounters()
-        self._heaps: dict[int, list[tuple[float, int, Node]]] = {t: [] for t in _ALL_TIERS}
+        self._heaps: dict[int, list[tuple[float, int, int, Node]]] = {t: [] for t in _ALL_TIERS}
+        self._bits = tuple(b for b, on in ((DEVICE, True), (HOST, self.host), (STORAGE, self.storage)) if on)
 
     # ---- matching and loading back -------------------------------------------------------
     def match(self, key: bytes, now: float) -> PrefixHit:
@@ -138,16 +139,18 @@ class KVCache:
             self._gain_device(nd)
 
     # ---- insertion ----------------------------------------------------------------------
-    def insert(self, key: bytes, now: float) -> tuple[Node, int]:
-        """Cache ``key`` (page-aligned) in HBM. Returns the last node and the tokens that newly
-        entered HBM (the rest were already there: the caller's copies of them are duplicates)."""
-        path, _ = self.tree.insert(key, now, 0)
+    def insert(self, key: bytes, now: float, start: Node | None = None, start_bytes: int = 0) -> tuple[Node, int]:
+        """Cache ``key`` (page-aligned) in HBM, walking from ``start`` if given (a node ending at
+        byte ``start_bytes`` of key). Returns the last node and the tokens that newly entered HBM
+        (the rest were there already: the caller's copies of them are duplicates)."""
+        path, _ = self.tree.insert(key, now, 0, start, start_bytes)
         new = 0
         for nd in path:
             if not nd.tiers & DEVICE:
                 new += nd.ntokens
                 self._gain_device(nd)
-        return (path[-1] if path else self.tree.root), new
+        last = path[-1] if path else (start if start is not None else self.tree.root)
+        return last, new
 
     def _gain_device(self, nd: Node) -> None:
         n = nd.ntokens
@@ -180,6 +183,16 @@ class KVCache:
             node.lock_ref += 1
             node = node.parent  # type: ignore[assignment]
 
+    def extend_lock(self, old: Node, new: Node) -> None:
+        """Move one lock from ``old`` to its descendant ``new`` (only the nodes between change)."""
+        node = new
+        while node is not old:
+            if node.lock_ref == 0 and node.tiers & DEVICE:
+                self.evictable -= node.ntokens
+                self.protected += node.ntokens
+            node.lock_ref += 1
+            node = node.parent  # type: ignore[assignment]
+
     def unlock(self, node: Node) -> None:
         root = self.tree.root
         while node is not root:
@@ -197,11 +210,11 @@ class KVCache:
         freed = 0
         heap = self._heaps[DEVICE]
         while freed < tokens and heap:
-            t, _, nd = heapq.heappop(heap)
+            _, seq, _, nd = heapq.heappop(heap)
             if not self._candidate(DEVICE, nd):
                 continue
-            if nd.last_access != t:
-                heapq.heappush(heap, (nd.last_access, nd.nid, nd))
+            if nd.seq != seq:  # touched since queued: re-queue with its new time
+                heapq.heappush(heap, (nd.last_access, nd.seq, nd.nid, nd))
                 continue
             n = nd.ntokens
             if self.write_back:
@@ -222,11 +235,11 @@ class KVCache:
             return False
         heap = self._heaps[tier.bit]
         while tier.free < tokens and heap:
-            t, _, nd = heapq.heappop(heap)
+            _, seq, _, nd = heapq.heappop(heap)
             if not self._candidate(tier.bit, nd):
                 continue
-            if nd.last_access != t:
-                heapq.heappush(heap, (nd.last_access, nd.nid, nd))
+            if nd.seq != seq:
+                heapq.heappush(heap, (nd.last_access, nd.seq, nd.nid, nd))
                 continue
             nd.tiers &= ~tier.bit
             tier.used -= nd.ntokens
@@ -247,9 +260,9 @@ class KVCache:
 
     def _touch(self, nd: Node) -> None:
         """Queue ``nd`` in the heap of every tier where it may now be evicted."""
-        for bit in _ALL_TIERS:
+        for bit in self._bits:
             if self._candidate(bit, nd):
-                heapq.heappush(self._heaps[bit], (nd.last_access, nd.nid, nd))
+                heapq.heappush(self._heaps[bit], (nd.last_access, nd.seq, nd.nid, nd))
 
     def _after_loss(self, nd: Node) -> None:
         parent = nd.parent
@@ -279,7 +292,7 @@ class KVCache:
     def _compact(self, bit: int) -> None:
         heap = self._heaps[bit]
         if len(heap) > 2 * self.tree.num_nodes + 4096:
-            fresh = [(n.last_access, n.nid, n) for n in self.tree.nodes() if self._candidate(bit, n)]
+            fresh = [(n.last_access, n.seq, n.nid, n) for n in self.tree.nodes() if self._candidate(bit, n)]
             heapq.heapify(fresh)
             self._heaps[bit] = fresh
 
