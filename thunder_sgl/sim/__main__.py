@@ -41,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def run(args: argparse.Namespace) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     overrides = {"seed": args.seed} if args.seed is not None else None
     cfg = load_sim_config(args.config, overrides)
     base = args.base_port if args.base_port is not None else (args.port if args.port is not None else 30000)
@@ -52,10 +56,6 @@ async def run(args: argparse.Namespace) -> int:
         tmp = args.ready_file.with_suffix(args.ready_file.suffix + ".tmp")
         tmp.write_text(json.dumps({"urls": urls, "config": cfg.name, "time_scale": args.time_scale}))
         os.replace(tmp, args.ready_file)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     try:
         await stop.wait()
     finally:

@@ -213,8 +213,23 @@ class RunningWorker:
         return self.app[SIM]
 
 
+class _QuietH2Probe(logging.Filter):
+    """Routers probe a worker's port for gRPC (HTTP/2 prior knowledge) before settling on HTTP;
+    aiohttp answers 400 and logs a traceback per probe. Keep that out of the logs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (exc is not None and "PRI/Upgrade" in str(exc))
+
+
+_H2_FILTER = _QuietH2Probe()
+
+
 async def serve(worker: SimWorker, clock: VirtualClock, host: str = "127.0.0.1", port: int = 0) -> RunningWorker:
-    """Serve ``worker`` on ``host:port`` (0 picks a free port); stop it with ``stop``."""
+    """Serve ``worker`` on ``host:port`` (0 picks a free port); stop it with ``runner.cleanup()``."""
+    server_log = logging.getLogger("aiohttp.server")
+    if _H2_FILTER not in server_log.filters:
+        server_log.addFilter(_H2_FILTER)
     app = create_app(worker, clock)
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0, handler_cancellation=True, access_log=None)
     await runner.setup()
