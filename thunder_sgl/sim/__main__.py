@@ -50,12 +50,12 @@ async def run(args: argparse.Namespace) -> int:
     base = args.base_port if args.base_port is not None else (args.port if args.port is not None else 30000)
     workers = await start_workers(cfg, args.workers, args.host, base, ScaledClock(args.time_scale))
     urls = [w.url for w in workers]
-    for i, url in enumerate(urls):
-        print(f"thunder_sgl.sim: worker {i} ready at {url}", flush=True)
-    if args.ready_file is not None:
+    if args.ready_file is not None:  # before the ready lines: whoever reads them may read the file
         tmp = args.ready_file.with_suffix(args.ready_file.suffix + ".tmp")
         tmp.write_text(json.dumps({"urls": urls, "config": cfg.name, "time_scale": args.time_scale}))
         os.replace(tmp, args.ready_file)
+    for i, url in enumerate(urls):
+        print(f"thunder_sgl.sim: worker {i} ready at {url}", flush=True)
     try:
         await stop.wait()
     finally:

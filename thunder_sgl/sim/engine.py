@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from thunder_sgl.sim.admission import may_admit_during_span, release, retract, schedule_prefill
 from thunder_sgl.sim.config import SimConfig
 from thunder_sgl.sim.metrics import LATENCY_BUCKETS, LOAD_BUCKETS, Histogram, engine_stats
 from thunder_sgl.sim.radix import Node
@@ -46,23 +47,22 @@ from thunder_sgl.sim.request import (
     Req,
     SimRequest,
     SimRequestError,
+    make_req,
 )
-from thunder_sgl.sim.tiers import KVCache, PrefixHit
+from thunder_sgl.sim.tiers import KVCache
 from thunder_sgl.sim.timing import (
     Roofline,
     decode_growth,
     decode_step,
     iteration_seconds,
-    load_back_seconds,
     prefill_seconds,
     span,
     steps_within,
 )
-from thunder_sgl.sim.tokenizer import generate_output, pack, prompt_digest, sample_length, unpack
 
 RECHECK_STEPS = 64
-"""A decode span is cut after this many steps while requests wait and the ratio still decays
-(admission may become possible as the reserve shrinks)."""
+"""A decode span is cut after this many steps when a waiting request might become admissible
+during it (see ``admission.may_admit_during_span``)."""
 WINDOW_S = 5.0
 """Window of gen_throughput and utilization."""
 
@@ -121,7 +121,10 @@ class Engine:
     def submit(self, request: SimRequest, now: float) -> None:
         """Queue a request arriving at ``now`` (raises SimRequestError if it can never run)."""
         self._step_to(now, self._buffered)
-        r = self._make_req(request, now)
+        if request.rid in self.reqs:
+            raise SimRequestError(f"request id {request.rid!r} is already in use")
+        r = make_req(self.cfg, request, now, self.cache.tree.root)
+        r.dp_rank = self.dp_rank
         self.reqs[r.rid] = r
         self.waiting.append(r)
         self.counters.requests_submitted += 1
@@ -179,40 +182,6 @@ class Engine:
         r = self.reqs.get(rid)
         return None if r is None else r.out_ids
 
-    # ---- requests -----------------------------------------------------------------------
-    def _make_req(self, q: SimRequest, now: float) -> Req:
-        prompt = pack(q.input_ids)
-        n = len(prompt) >> 2
-        if q.rid in self.reqs:
-            raise SimRequestError(f"request id {q.rid!r} is already in use")
-        if n == 0:
-            raise SimRequestError("the input is empty")
-        if q.max_new_tokens < 1:
-            raise SimRequestError("max_new_tokens must be >= 1")
-        ctx = self.cfg.model.context_length
-        if n + q.max_new_tokens > ctx:
-            raise SimRequestError(
-                f"Requested token count exceeds the model's maximum context length of {ctx} tokens. "
-                f"You requested a total of {n + q.max_new_tokens} tokens: {n} tokens from the input "
-                f"messages and {q.max_new_tokens} tokens for the completion."
-            )
-        if n >= self.capacity:
-            raise SimRequestError(f"The input ({n} tokens) is longer than the KV cache ({self.capacity} tokens).")
-        if q.output_ids is not None:
-            out = unpack(pack(q.output_ids))[: q.max_new_tokens]
-        else:
-            o, seed, digest = self.cfg.output, self.cfg.seed, prompt_digest(prompt)
-            length = q.max_new_tokens
-            if o.length_mode == "lognormal" and not q.ignore_eos:
-                length = sample_length(seed, digest, o.lognormal_median, o.lognormal_sigma, q.max_new_tokens)
-            out = generate_output(seed, digest, length)
-        if len(out) == 0:
-            raise SimRequestError("output_ids must not be empty")
-        r = Req(q.rid, prompt, out, q.max_new_tokens, now, self.cache.tree.root)
-        r.dp_rank = self.dp_rank
-        r.routing_key = q.routing_key
-        return r
-
     def _wake(self, now: float) -> None:
         self._stalled = False
         if self._plan is None:
@@ -258,14 +227,14 @@ class Engine:
         self._reap_aborted(t, out)
         rf = self.roofline
         if self.running and self._free() + self.cache.evictable < len(self.running):
-            self._retract(t, out)
+            retract(self, t, out)
         self._head_path = []
-        items, load_s = self._schedule_prefill(t)
+        items, load_s = schedule_prefill(self, t)
         if not items and not self.running and self.chunked is not None:
-            self._release(self.chunked)  # a chunked prefill that cannot get KV: start it over
+            release(self, self.chunked)  # a chunked prefill that cannot get KV: start it over
             self.waiting.appendleft(self.chunked)
             self.chunked = None
-            items, load_s = self._schedule_prefill(t)
+            items, load_s = schedule_prefill(self, t)
         decode = list(self.running)
         b = len(decode)
         if not items and not b:
@@ -278,7 +247,7 @@ class Engine:
         else:
             steps = min(r.target - r.n_out for r in decode)
             steps = min(steps, (self._free() + self.cache.evictable) // b)
-            if self.waiting and b < self.cfg.server.max_running_requests and self.ratio > self._min_ratio:
+            if self.waiting and may_admit_during_span(self, b):
                 steps = min(steps, RECHECK_STEPS)
             if self.max_span_steps is not None:
                 steps = min(steps, self.max_span_steps)
@@ -288,84 +257,6 @@ class Engine:
         for r in decode:
             r.in_plan = True
         return Plan(t, t + span(a, q, steps), steps, decode, items, a, q, self._head_path)
-
-    def _schedule_prefill(self, t: float) -> tuple[list[tuple[Req, int]], float]:
-        s, cache, rf = self.cfg.server, self.cache, self.roofline
-        clip = s.clip_max_new_tokens
-        rem_chunk, rem_input = s.chunked_prefill_size, s.max_prefill_tokens
-        # reserve: the running requests' expected output, plus this iteration's decode slots
-        offset = self.ratio * sum(min(r.max_new - r.n_out, clip) for r in self.running) + len(self.running)
-        items: list[tuple[Req, int]] = []
-        load_s = 0.0
-        hit_tokens = new_tokens = 0
-        c = self.chunked
-        if c is not None:
-            left = c.fill_len - c.kv_len
-            n = min(left, rem_chunk, max(0, int(self._free() + cache.evictable - offset)))
-            n = n if n == left else self._align(n)
-            if n > 0:
-                items.append((c, n))
-                rem_chunk -= n
-                rem_input -= n
-                offset += n
-                new_tokens += n
-        n_running = len(self.running) + (c is not None)
-        while self.waiting and rem_chunk > 0 and n_running < s.max_running_requests:
-            r = self.waiting[0]
-            hit = cache.match(r.seq(self._align(r.fill_len - 1)), t)
-            extend = r.fill_len - hit.device_tokens
-            total = extend + min(r.max_new - r.n_out, clip)
-            idle = not self.running and not items and self.chunked is None
-            if not self._fits(total, extend, offset, idle):
-                self._head_path = hit.path
-                break
-            left = r.fill_len - hit.total
-            if (left > rem_chunk and self.chunked is not None) or (left >= rem_input and items):
-                break
-            last = hit.path[-1] if hit.path else cache.tree.root
-            cache.lock(last)  # locking the hit may shrink what is evictable: check again
-            if not self._fits(total, extend, offset, idle):
-                cache.unlock(last)
-                self._head_path = hit.path
-                break
-            if hit.load_tokens:
-                if self._ensure_free(hit.load_tokens):
-                    cache.promote(hit)
-                    dt = load_back_seconds(rf, hit.host_tokens, hit.storage_tokens)
-                    load_s += dt
-                    self.counters.load_back_seconds += dt
-                    self.hist_load_back.observe(dt)
-                    self.counters.load_back_ops += 1
-                else:  # no room to load back: recompute the continuation
-                    cache.unlock(last)
-                    hit = PrefixHit(hit.path[: hit.device_nodes], hit.device_tokens, 0, 0, hit.device_nodes)
-                    last = hit.path[-1] if hit.path else cache.tree.root
-                    cache.lock(last)
-                    left = r.fill_len - hit.total
-            self.waiting.popleft()
-            r.state, r.last_node = PREFILL, last
-            r.kv_len = r.tree_len = hit.total
-            if r.cached is None:
-                r.cached = (hit.device_tokens, hit.host_tokens, hit.storage_tokens)
-            if r.recompute_upto:
-                self.counters.recomputed_tokens += max(0, r.recompute_upto - hit.total)
-                r.recompute_upto = 0
-            n = min(left, rem_chunk)
-            if n < left:
-                n = self._align(n)
-                self.chunked = r
-            items.append((r, n))
-            hit_tokens += hit.total
-            new_tokens += n
-            offset += n + (min(r.max_new - r.n_out, clip) if n == left else 0)
-            rem_chunk -= n
-            rem_input -= n
-            n_running += 1
-            if self.chunked is r:
-                break
-        if hit_tokens + new_tokens:
-            self._hit_rate = hit_tokens / (hit_tokens + new_tokens)
-        return items, load_s
 
     def _commit(self, p: Plan, out: list[Completion]) -> None:
         t, steps, c = p.end, p.steps, self.counters
@@ -468,51 +359,9 @@ class Engine:
             self._finish(self.chunked, t, out)
             self.chunked = None
 
-    def _retract(self, t: float, out: list[Completion]) -> None:
-        s = self.cfg.server
-        order = sorted(self.running, key=lambda r: (r.n_out, -r.prompt_len), reverse=True)
-        retracted: list[Req] = []
-        first = True
-        while first or self._free() + self.cache.evictable < s.retract_decode_steps * len(order):
-            if len(order) == 1:
-                break
-            first = False
-            r = order.pop()
-            self._release(r)
-            r.retractions += 1
-            self.counters.retractions += 1
-            self.counters.retracted_input_tokens += r.prompt_len
-            self.counters.retracted_output_tokens += r.n_out
-            retracted.append(r)
-        if len(order) == 1 and self._free() + self.cache.evictable < 1:
-            self._finish(order[0], t, out, error="KV cache out of memory for a single request")
-            order = []
-        self.running = [r for r in self.running if r.state == RUNNING]
-        self.waiting.extendleft(reversed(retracted))
-        if order:
-            decoded = sum(r.n_out for r in order) + s.retract_decode_steps * len(order)
-            self.ratio = min(1.0, decoded / max(1, sum(r.max_new for r in order)))
-
-    def _release(self, r: Req) -> None:
-        """Free a request's KV (its cached prefix stays, unlocked) and send it back to wait."""
-        self.cache.unlock(r.last_node)
-        self._private -= r.private
-        r.private = 0
-        r.recompute_upto = max(r.recompute_upto, r.kv_len)
-        r.kv_len = r.tree_len = 0
-        r.last_node = self.cache.tree.root
-        r.fill_len = r.prompt_len + r.n_out
-        r.state = WAITING
-        r.in_plan = False
-
     # ---- memory -------------------------------------------------------------------------
     def _free(self) -> int:
         return self.capacity - self.cache.device_tokens - self._private
-
-    def _fits(self, total: int, extend: int, offset: float, idle: bool) -> bool:
-        """SGLang's admission test; an idle engine takes its head whenever the prompt fits."""
-        room = self._free() + self.cache.evictable
-        return total < room - offset or (idle and extend < room)
 
     def _ensure_free(self, tokens: int) -> bool:
         free = self._free()

@@ -11,7 +11,9 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from thunder_sgl.sim.config import SimConfig
 from thunder_sgl.sim.radix import Node
+from thunder_sgl.sim.tokenizer import generate_output, pack, prompt_digest, sample_length, unpack
 
 WAITING, PREFILL, RUNNING, DONE = 0, 1, 2, 3
 """States of an engine-side request."""
@@ -191,3 +193,36 @@ class EngineStats:
     host_backup_tokens: int = 0
     loaded_from_host_tokens: int = 0
     loaded_from_storage_tokens: int = 0
+
+
+def make_req(cfg: SimConfig, q: SimRequest, now: float, root: Node) -> Req:
+    """Validate a submitted request and build its engine-side state, answer tokens included
+    (raises SimRequestError for what SGLang would refuse)."""
+    prompt = pack(q.input_ids)
+    n = len(prompt) >> 2
+    if n == 0:
+        raise SimRequestError("the input is empty")
+    if q.max_new_tokens < 1:
+        raise SimRequestError("max_new_tokens must be >= 1")
+    ctx = cfg.model.context_length
+    if n + q.max_new_tokens > ctx:
+        raise SimRequestError(
+            f"Requested token count exceeds the model's maximum context length of {ctx} tokens. "
+            f"You requested a total of {n + q.max_new_tokens} tokens: {n} tokens from the input "
+            f"messages and {q.max_new_tokens} tokens for the completion."
+        )
+    if n >= cfg.server.max_total_num_tokens:
+        raise SimRequestError(f"The input ({n} tokens) is longer than the KV cache ({cfg.server.max_total_num_tokens} tokens).")
+    if q.output_ids is not None:
+        out = unpack(pack(q.output_ids))[: q.max_new_tokens]
+    else:
+        o, seed, digest = cfg.output, cfg.seed, prompt_digest(prompt)
+        length = q.max_new_tokens
+        if o.length_mode == "lognormal" and not q.ignore_eos:
+            length = sample_length(seed, digest, o.lognormal_median, o.lognormal_sigma, q.max_new_tokens)
+        out = generate_output(seed, digest, length)
+    if len(out) == 0:
+        raise SimRequestError("output_ids must not be empty")
+    r = Req(q.rid, prompt, out, q.max_new_tokens, now, root)
+    r.routing_key = q.routing_key
+    return r
