@@ -54,13 +54,27 @@ def main(argv: list[str] | None = None) -> None:
     seq = args.programs
     done_steps = 0
     total_steps = args.programs * args.steps
+    # one heap of (next event time, worker) with lazy invalidation: only workers whose next event
+    # is due are advanced, so the loop costs O(log N) per event, not O(N)
+    wheap: list[tuple[float, int]] = []
+    queued: list[float | None] = [None] * args.nodes
+
+    def requeue(i: int) -> None:
+        nxt = workers[i].next_event_time()
+        if nxt is not None and nxt != queued[i]:
+            heapq.heappush(wheap, (nxt, i))
+        queued[i] = nxt
+
     t = 0.0
     wall0 = time.perf_counter()
     while done_steps < total_steps:
-        nxt = [x for x in (w.next_event_time() for w in workers) if x is not None]
-        t = min(nxt + [agents[0][0]] if agents else nxt)
-        for w in workers:
-            for c in w.advance(t):
+        t = min(wheap[0][0] if wheap else math.inf, agents[0][0] if agents else math.inf)
+        while wheap and wheap[0][0] <= t:
+            te, i = heapq.heappop(wheap)
+            if queued[i] != te:
+                continue  # stale entry
+            queued[i] = None
+            for c in workers[i].advance(t):
                 p = int(c.rid.split(":")[0])
                 context[p] += c.output_ids.tobytes()
                 steps[p] += 1
@@ -71,10 +85,12 @@ def main(argv: list[str] | None = None) -> None:
                     context[p] += fresh(obs)
                     seq += 1
                     heapq.heappush(agents, (c.time + tool, seq, p))
+            requeue(i)
         while agents and agents[0][0] <= t:
             _, _, p = heapq.heappop(agents)
-            rid = f"{p}:{steps[p]}"
-            workers[p % args.nodes].submit(SimRequest(rid, context[p], args.output_tokens), t)
+            i = p % args.nodes
+            workers[i].submit(SimRequest(f"{p}:{steps[p]}", context[p], args.output_tokens), t)
+            requeue(i)
     wall = time.perf_counter() - wall0
 
     prompt = sum(w.counters.prompt_tokens for w in workers)

@@ -23,6 +23,8 @@ if TYPE_CHECKING:  # pragma: no cover
 def schedule_prefill(e: Engine, t: float) -> tuple[list[tuple[Req, int]], float]:
     """Pick this iteration's prefill work (SGLang's PrefillAdder, FCFS); returns the (request,
     new tokens) chunks and the load-back seconds of their host/storage hits."""
+    if not e.waiting and e.chunked is None:
+        return [], 0.0
     s, cache, rf = e.cfg.server, e.cache, e.roofline
     clip = s.clip_max_new_tokens
     rem_chunk, rem_input = s.chunked_prefill_size, s.max_prefill_tokens

@@ -113,6 +113,8 @@ class Engine:
         self._hit_rate = 0.0
         self._window: deque[tuple[float, int, float]] = deque()
         self._head_path: list[Node] = []
+        self._aborts = False
+        """Some running or prefilling request was aborted and not yet reaped."""
         self.hist_ttft = Histogram(LATENCY_BUCKETS)
         self.hist_e2e = Histogram(LATENCY_BUCKETS)
         self.hist_load_back = Histogram(LOAD_BUCKETS)
@@ -158,6 +160,7 @@ class Engine:
             self._finish(r, max(now, self._now), self._buffered)
         else:
             r.aborted = True
+            self._aborts = True
             self._wake(now)
         return True
 
@@ -239,14 +242,18 @@ class Engine:
         b = len(decode)
         if not items and not b:
             return None
-        kv = sum(r.kv_len for r in decode)
+        kv, left = 0, 1 << 62
+        for r in decode:
+            r.in_plan = True
+            kv += r.kv_len
+            if r.target - r.n_out < left:
+                left = r.target - r.n_out
         if items:
             self._ensure_free(sum(n for _, n in items) + b)
             prefill_s = sum(prefill_seconds(rf, n, r.kv_len) for r, n in items)
             a, q, steps = iteration_seconds(rf, b, kv, prefill_s, load_s), 0.0, 1
         else:
-            steps = min(r.target - r.n_out for r in decode)
-            steps = min(steps, (self._free() + self.cache.evictable) // b)
+            steps = min(left, (self._free() + self.cache.evictable) // b)
             if self.waiting and may_admit_during_span(self, b):
                 steps = min(steps, RECHECK_STEPS)
             if self.max_span_steps is not None:
@@ -254,8 +261,6 @@ class Engine:
             # KV for the span is taken (evicting LRU cache) when it commits, so a span cut short
             # by an arrival evicts only what its executed steps used
             a, q = decode_step(rf, b, kv), decode_growth(rf, b)
-        for r in decode:
-            r.in_plan = True
         return Plan(t, t + span(a, q, steps), steps, decode, items, a, q, self._head_path)
 
     def _commit(self, p: Plan, out: list[Completion]) -> None:
@@ -266,11 +271,14 @@ class Engine:
             if p.touched:
                 self.cache.tree.stamp(p.touched, p.start + span(p.a, p.q, steps - 1))
             self._ensure_free(steps * len(p.decode))
+        ending = False
         for r in p.decode:
             r.in_plan = False
             r.n_out += steps
             r.kv_len += steps
             r.private += steps
+            if r.n_out >= r.target or r.aborted:
+                ending = True
         self._private += steps * len(p.decode)
         gen = steps * len(p.decode)
         for r, n in p.prefill:
@@ -290,13 +298,14 @@ class Engine:
                     self.chunked = None
                 r.state = RUNNING
                 self.running.append(r)
+                ending = ending or r.n_out >= r.target or r.aborted
         c.generation_tokens += gen
         c.iterations += 1
         c.busy_seconds += t - p.start
         if p.decode:
             c.decode_steps += steps
             self.ratio = max(self.ratio - self._decay * steps, self._min_ratio)
-        if any(r.n_out >= r.target or r.aborted for r in self.running):
+        if ending:
             for r in self.running:
                 if r.n_out >= r.target or r.aborted:
                     self._finish(r, t, out)
@@ -350,6 +359,9 @@ class Engine:
         ))
 
     def _reap_aborted(self, t: float, out: list[Completion]) -> None:
+        if not self._aborts:
+            return
+        self._aborts = False
         if any(r.aborted for r in self.running):
             for r in self.running:
                 if r.aborted:
