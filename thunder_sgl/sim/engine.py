@@ -29,6 +29,7 @@ Scheduling follows SGLang 0.5 (``scheduler.py``, ``schedule_policy.PrefillAdder`
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from dataclasses import dataclass
 
@@ -181,7 +182,7 @@ class Engine:
             return r.n_out + steps_within(p.a, p.q, self._now - p.start, p.steps)
         return r.n_out
 
-    def output_ids(self, rid: str):  # noqa: ANN201 - array
+    def output_ids(self, rid: str) -> array | None:
         r = self.reqs.get(rid)
         return None if r is None else r.out_ids
 
@@ -254,7 +255,7 @@ class Engine:
             a, q, steps = iteration_seconds(rf, b, kv, prefill_s, load_s), 0.0, 1
         else:
             steps = min(left, (self._free() + self.cache.evictable) // b)
-            if self.waiting and may_admit_during_span(self, b):
+            if (self.waiting or self.chunked is not None) and may_admit_during_span(self, b):
                 steps = min(steps, RECHECK_STEPS)
             if self.max_span_steps is not None:
                 steps = min(steps, self.max_span_steps)

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import dataclasses
+import os
 import time
 import uuid
+from array import array
 from typing import Any
 
 from aiohttp import web
@@ -18,16 +21,7 @@ from aiohttp import web
 from thunder_sgl.errors import ConfigError
 from thunder_sgl.sim import protocol as P
 from thunder_sgl.sim.request import SimRequest, SimRequestError
-from thunder_sgl.sim.server import (
-    SIM,
-    Pending,
-    SimServer,
-    _error,
-    _json,
-    exit_now,
-    faults_update,
-    state_json,
-)
+from thunder_sgl.sim.server import SIM, Pending, SimServer, error_response, json_response
 from thunder_sgl.sim.tokenizer import EOS, Tokenizer
 
 
@@ -55,7 +49,7 @@ async def _infer(request: web.Request, kind: str) -> web.StreamResponse:
             parsed = P.parse_generate(body, h, cfg, w.tokenizer, uuid.uuid4().hex)
         pend = srv.submit(_to_sim(parsed), parsed.stream)
     except SimRequestError as e:
-        return _error(str(e), e.status)
+        return error_response(str(e), e.status)
     try:
         if parsed.stream:
             return await _stream(request, srv, parsed, pend)
@@ -64,7 +58,7 @@ async def _infer(request: web.Request, kind: str) -> web.StreamResponse:
         ev = pend.event
         text = w.tokenizer.decode(ev.output_ids)
         build = {"chat": P.chat_response, "completions": P.completions_response, "generate": P.generate_response}[kind]
-        return _json(build(parsed, ev, text, cfg))
+        return json_response(build(parsed, ev, text, cfg))
     except (asyncio.CancelledError, ConnectionResetError):
         srv.abort(parsed.rid)
         raise
@@ -112,14 +106,14 @@ async def _stream(request: web.Request, srv: SimServer, p: P.Parsed, pend: Pendi
     return resp
 
 
-def _output_ids(srv: SimServer, rid: str):  # noqa: ANN202 - array
-    rank = srv.worker._rank_of.get(rid, 0)
-    return srv.worker.engines[rank].output_ids(rid)
+def _output_ids(srv: SimServer, rid: str) -> array:
+    out = srv.worker.output_ids(rid)
+    return out if out is not None else array("I")
 
 
 async def _die(request: web.Request, srv: SimServer, rid: str, mode: str, resp: web.StreamResponse) -> web.StreamResponse:
-    if mode == "exit":
-        exit_now()
+    if mode == "exit":  # a real crash: no cleanup, no goodbye
+        os._exit(1)
     srv.abort(rid)
     if request.transport is not None:
         request.transport.abort()
@@ -163,23 +157,23 @@ async def health_generate(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
-    return _json({"status": "ready"})
+    return json_response({"status": "ready"})
 
 
 async def server_info(request: web.Request) -> web.Response:
     srv = request.app[SIM]
     srv.sync()
-    return _json(srv.worker.server_info())
+    return json_response(srv.worker.server_info())
 
 
 async def model_info(request: web.Request) -> web.Response:
-    return _json(request.app[SIM].worker.model_info())
+    return json_response(request.app[SIM].worker.model_info())
 
 
 async def models(request: web.Request) -> web.Response:
     m = request.app[SIM].worker.cfg.model
     card = {"id": m.name, "object": "model", "created": int(time.time()), "owned_by": "sglang", "root": m.model_path, "max_model_len": m.context_length}
-    return _json({"object": "list", "data": [card]})
+    return json_response({"object": "list", "data": [card]})
 
 
 async def loads(request: web.Request) -> web.Response:
@@ -192,7 +186,7 @@ async def loads(request: web.Request) -> web.Response:
         try:
             rank = int(q["dp_rank"])
         except ValueError:
-            return _error("dp_rank must be an integer", 400)
+            return error_response("dp_rank must be an integer", 400)
     data = srv.worker.loads(include, rank)
     if q.get("format") == "prometheus":
         lines = []
@@ -201,7 +195,7 @@ async def loads(request: web.Request) -> web.Response:
                 if isinstance(v, (int, float)) and k != "dp_rank":
                     lines.append(f'sglang:load_{k}{{dp_rank="{e["dp_rank"]}"}} {float(v)!r}')
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
-    return _json(data)
+    return json_response(data)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -223,7 +217,7 @@ async def abort_request(request: web.Request) -> web.Response:
     try:
         body = await _body(request)
     except SimRequestError as e:
-        return _error(str(e), 400)
+        return error_response(str(e), 400)
     body = body if isinstance(body, dict) else {}
     if body.get("abort_all"):
         srv.worker.abort_all(srv.clock.now())
@@ -234,21 +228,26 @@ async def abort_request(request: web.Request) -> web.Response:
 
 
 async def get_faults(request: web.Request) -> web.Response:
-    return _json(request.app[SIM].worker.faults.state.to_dict())
+    return json_response(request.app[SIM].worker.faults.state.to_dict())
 
 
 async def post_faults(request: web.Request) -> web.Response:
     srv = request.app[SIM]
     try:
-        return _json(faults_update(srv.worker, await _body(request)))
+        body = await _body(request)
+        if not isinstance(body, dict):
+            raise ConfigError("the body must be a JSON object of fault fields")
+        srv.worker.faults.state.update(body)
     except (ConfigError, SimRequestError) as e:
-        return _error(str(e), 400)
+        return error_response(str(e), 400)
+    return json_response(srv.worker.faults.state.to_dict())
 
 
 async def sim_state(request: web.Request) -> web.Response:
     srv = request.app[SIM]
     srv.sync()
-    return _json({"worker_id": srv.worker.worker_id, "config": srv.worker.cfg.name, "ranks": state_json(srv.worker)})
+    ranks = [dataclasses.asdict(s) for s in srv.worker.stats()]
+    return json_response({"worker_id": srv.worker.worker_id, "config": srv.worker.cfg.name, "ranks": ranks})
 
 
 def add_routes(app: web.Application) -> None:

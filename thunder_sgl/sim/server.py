@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
-import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +26,6 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from thunder_sgl.errors import ConfigError
 from thunder_sgl.sim import protocol as P
 from thunder_sgl.sim.clock import ScaledClock, VirtualClock
 from thunder_sgl.sim.config import SimConfig
@@ -148,12 +145,12 @@ class SimServer:
 SIM = web.AppKey("sim", SimServer)
 
 
-def _json(obj: Any, status: int = 200) -> web.Response:
+def json_response(obj: Any, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(obj), status=status, content_type="application/json")
 
 
-def _error(message: str, status: int, kind: str = "BadRequestError") -> web.Response:
-    return _json(P.error_body(message, status, kind), status)
+def error_response(message: str, status: int, kind: str = "BadRequestError") -> web.Response:
+    return json_response(P.error_body(message, status, kind), status)
 
 
 @web.middleware
@@ -165,12 +162,12 @@ async def _gate(request: web.Request, handler: Callable[[web.Request], Awaitable
     while faults.state.stop_answering:  # hold the request (health included) until the fault is cleared
         await asyncio.sleep(0.05)
     if faults.starting():
-        return _error("The server is starting up.", 503, "ServiceUnavailableError")
+        return error_response("The server is starting up.", 503, "ServiceUnavailableError")
     if request.path in INFERENCE_PATHS:
         if faults.state.added_latency_ms > 0:
             await asyncio.sleep(faults.state.added_latency_ms / 1000.0)
         if faults.draw_failure():
-            return _error("Internal server error (injected by thunder_sgl.sim faults).", 500, "InternalServerError")
+            return error_response("Internal server error (injected by thunder_sgl.sim faults).", 500, "InternalServerError")
     return await handler(request)
 
 
@@ -267,19 +264,7 @@ async def stop_workers(workers: list[RunningWorker]) -> None:
         await w.runner.cleanup()
 
 
-def faults_update(worker: SimWorker, body: Any) -> dict[str, Any]:
-    if not isinstance(body, dict):
-        raise ConfigError("the body must be a JSON object of fault fields")
-    worker.faults.state.update(body)
-    return worker.faults.state.to_dict()
-
-
-def state_json(worker: SimWorker) -> list[dict[str, Any]]:
-    return [dataclasses.asdict(s) for s in worker.stats()]
-
-
-def exit_now() -> None:  # pragma: no cover - exercised in a subprocess
-    os._exit(1)
-
-
-__all__ = ["SIM", "Pending", "RunningWorker", "SimServer", "create_app", "serve", "start_workers", "stop_workers"]
+__all__ = [
+    "SIM", "Pending", "RunningWorker", "SimServer", "create_app", "error_response", "json_response",
+    "serve", "start_workers", "stop_workers",
+]

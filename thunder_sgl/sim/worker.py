@@ -9,7 +9,7 @@ drives it from a scaled real-time clock, a discrete-event benchmark from its own
 from __future__ import annotations
 
 import time
-import uuid
+from array import array
 from typing import Any
 
 from thunder_sgl.sim.config import SimConfig
@@ -82,8 +82,10 @@ class SimWorker:
         rank = self._rank_of.get(rid)
         return None if rank is None else self.engines[rank].visible_tokens(rid)
 
-    def new_rid(self) -> str:
-        return uuid.uuid4().hex
+    def output_ids(self, rid: str) -> array | None:
+        """The answer tokens of a request in flight (all of them, decided at submission)."""
+        rank = self._rank_of.get(rid)
+        return None if rank is None else self.engines[rank].output_ids(rid)
 
     def _pick_rank(self, requested: int | None) -> int:
         n = len(self.engines)
