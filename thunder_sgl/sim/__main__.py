@@ -18,7 +18,9 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 from thunder_sgl.errors import ConfigError
 from thunder_sgl.sim.clock import ScaledClock
@@ -63,6 +65,14 @@ async def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_loop(coro: Coroutine[Any, Any, int]) -> int:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -70,13 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --workers must be >= 1 and --time-scale > 0", file=sys.stderr)
         return 2
     try:
-        import uvloop
-
-        runner = uvloop.run
-    except ImportError:  # pragma: no cover
-        runner = asyncio.run
-    try:
-        return runner(run(args))
+        return _run_loop(run(args))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -64,8 +64,6 @@ from thunder_sgl.sim.timing import (
 RECHECK_STEPS = 64
 """A decode span is cut after this many steps when a waiting request might become admissible
 during it (see ``admission.may_admit_during_span``)."""
-WINDOW_S = 5.0
-"""Window of gen_throughput and utilization."""
 
 
 @dataclass(slots=True)

@@ -26,6 +26,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from thunder_sgl.sim.config import SimConfig
     from thunder_sgl.sim.engine import Engine
 
+WINDOW_S = 5.0
+"""Simulated seconds over which gen_throughput and utilization are measured."""
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
 LOAD_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
@@ -69,7 +71,7 @@ def engine_stats(e: Engine) -> EngineStats:
     evictable = cache.evictable - overflow
     device_used = cache.device_tokens + private - overflow
     used = cache.protected + private
-    while len(e._window) > 1 and e._window[1][0] <= now - 5.0:
+    while len(e._window) > 1 and e._window[1][0] <= now - WINDOW_S:
         e._window.popleft()
     gen = util = 0.0
     if e._window and now > e._window[0][0]:

@@ -80,7 +80,7 @@ async def _stream(request: web.Request, srv: SimServer, p: P.Parsed, pend: Pendi
         if visible > sent:
             if out_ids is None:
                 out_ids = ev.output_ids if ev is not None else _output_ids(srv, p.rid)
-            chunks = []
+            chunks: list[bytes] = []
             for i in range(sent, visible):
                 if die is not None and i >= die[0]:
                     await resp.write(b"".join(chunks))

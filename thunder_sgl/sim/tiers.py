@@ -326,7 +326,8 @@ class KVCache:
                 dev += n
                 ev += n if nd.lock_ref == 0 else 0
                 prot += n if nd.lock_ref else 0
-                assert nd.parent is self.tree.root or nd.parent.tiers & DEVICE, "device not prefix-closed"
+                parent = nd.parent
+                assert parent is self.tree.root or (parent is not None and parent.tiers & DEVICE), "device not prefix-closed"
             else:
                 assert nd.lock_ref == 0, f"{nd} locked but not in HBM"
             host += n if nd.tiers & HOST else 0
