@@ -32,21 +32,20 @@ uint32 ``bytes`` (``tokenizer.pack``).
   token_usage, gen_throughput, ... and ``counters``), ``counters`` (``EngineCounters`` summed over
   ranks: prompt_tokens, cached_device/host/storage, prefill_tokens, recomputed_tokens,
   retractions, generation_tokens, ...), ``device_used_tokens``, ``host_used_tokens``,
-  ``num_running``, ``num_waiting``; per engine also ``engine.cache.counters.evicted_device``.
+  ``evicted_tokens``, ``num_running``, ``num_waiting``; ``output_ids(rid)`` of a request in flight.
 - ``tokenizer`` / ``template``: the deterministic tokenizer and append-only chat template.
 
-Several workers share one virtual time when a single loop drives them::
+Several workers share one virtual time when a single loop drives them (``bench/sim_cost.py``
+is a complete example, with a heap over workers instead of the scan below)::
 
     workers = [SimWorker(load_sim_config("glm46-fp8-h100x8"), i) for i in range(8)]
-    agents = AgentQueue()                     # your own events: (time, program)
-    while True:
-        t_w = [w.next_event_time() for w in workers]
-        t = min([x for x in t_w if x is not None] + [agents.next_time()])
-        for w in workers:                      # engine events first, then agents at t
-            for c in w.advance(t):
-                agents.on_completion(c)        # e.g. schedule the tool call, next step at c.time + tool
-        for prog in agents.due(t):
-            workers[prog.node].submit(SimRequest(prog.rid(), prog.context, 250), t)
+    while programs_left():
+        t = min([w.next_event_time() or inf for w in workers] + [agents.next_time()])
+        for w in workers:                      # engine events at t first, then the agents
+            for c in w.advance(t):             # Completion: rid, time, usage, output_ids, ...
+                agents.on_completion(c)        # e.g. next call at c.time + tool time
+        for prog in agents.due(t):             # context = previous prompt + output + observation
+            workers[prog.node].submit(SimRequest(prog.rid, prog.context, 250), t)
 
 A submit during a decode span cuts the span at the end of the step in progress, so a request is
 scheduled at the next iteration boundary, as in a real engine. Requests submitted at exactly the

@@ -122,6 +122,11 @@ class SimWorker:
         return sum(e.cache.host_used for e in self.engines)
 
     @property
+    def evicted_tokens(self) -> int:
+        """Tokens evicted from HBM so far (``sglang:evicted_tokens_total``), all ranks."""
+        return sum(e.cache.counters.evicted_device for e in self.engines)
+
+    @property
     def num_running(self) -> int:
         return sum(s.num_running_reqs for s in self.stats())
 
