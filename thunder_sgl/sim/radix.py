@@ -84,7 +84,7 @@ class RadixTree:
                 break
             ck = child.key
             n = len(ck)
-            if pos + n <= end and key[pos : pos + n] == ck:
+            if pos + n <= end and key.startswith(ck, pos):
                 path.append(child)
                 pos += n
                 node = child
@@ -124,7 +124,7 @@ class RadixTree:
                 break
             ck = child.key
             n = len(ck)
-            if pos + n <= end and key[pos : pos + n] == ck:
+            if pos + n <= end and key.startswith(ck, pos):
                 path.append(child)
                 pos += n
                 node = child

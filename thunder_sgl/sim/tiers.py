@@ -260,6 +260,8 @@ class KVCache:
 
     def _touch(self, nd: Node) -> None:
         """Queue ``nd`` in the heap of every tier where it may now be evicted."""
+        if nd.lock_ref:
+            return  # a locked node is evictable from no tier; it is queued again when unlocked
         for bit in self._bits:
             if self._candidate(bit, nd):
                 heapq.heappush(self._heaps[bit], (nd.last_access, nd.seq, nd.nid, nd))
