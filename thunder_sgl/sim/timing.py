@@ -1,0 +1,139 @@
+"""Iteration times from the roofline formulas of calibration.md (§5 decode, §6 prefill, §7 HiCache).
+
+Pure functions over a ``Roofline`` (constants precomputed from a SimConfig)::
+
+    τ_dec(B, K)  = t0 + [W_touched(B) + K·b_kv] / (η·BW_HBM) + n_AR·t_AR
+    W_touched(B) = W_dense + W_experts·(1 − (1 − k/E)^B)            (dense: W_touched = W)
+    FLOPs(n | c) = 2·P_act·n + 4·L·(n_q·d_h)·(n·c + n²/2)
+    t_prefill    = FLOPs / (MFU · F_peak · TP)
+    t_load       = tokens·b_kv / BW_h2d   (+ tokens·b_kv / BW_storage for L3 hits)
+
+All bytes are per GPU: every GPU of the TP group reads its shard in parallel. A decode span of n
+steps with a constant batch of B requests has K growing by B per step, so its duration has the
+closed form ``n·τ(B, K0) + q·n(n−1)/2`` with ``q = B·b_kv/(η·BW)``: the engine jumps over it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from thunder_sgl.sim.config import SimConfig
+
+GB = 1e9
+
+
+@dataclass(frozen=True, slots=True)
+class Roofline:
+    t_fixed: float
+    """t0 + n_AR·t_AR: the per-iteration overhead."""
+    t0: float
+    inv_bw: float
+    """1 / (η·BW_HBM) in s/byte."""
+    w_dense: float
+    """Bytes per GPU read every step."""
+    w_experts: float
+    """Routed-expert bytes per GPU."""
+    keep: float
+    """1 − k/E: probability that one token leaves a given expert untouched."""
+    kv_bytes: int
+    """b_kv per GPU."""
+    linear_flops: float
+    """2·P_act: FLOPs per new token of the linear layers."""
+    attn_coeff: float
+    """4·L·n_q·d_h."""
+    inv_flops: float
+    """1 / (MFU·F_peak·TP) in s/FLOP."""
+    h2d_bw: float
+    storage_bw: float
+    load_overlap: float
+
+    @classmethod
+    def from_config(cls, cfg: SimConfig) -> Roofline:
+        m, hw, t, s = cfg.model, cfg.hardware, cfg.timing, cfg.server
+        tp = s.tp_size
+        wb = m.weight_bytes_per_param
+        n_ar = 2 * m.num_layers if tp > 1 else 0
+        moe = m.expert_params_b > 0
+        return cls(
+            t_fixed=t.t0_s + n_ar * t.allreduce_s,
+            t0=t.t0_s,
+            inv_bw=1.0 / (t.eta * hw.hbm_bandwidth_gbps * GB),
+            w_dense=m.dense_params_b * 1e9 * wb / tp,
+            w_experts=m.expert_params_b * 1e9 * wb / tp if moe else 0.0,
+            keep=(1.0 - m.experts_per_token / m.num_experts) if moe else 0.0,
+            kv_bytes=cfg.kv_bytes_per_token,
+            linear_flops=2.0 * m.params_active_b * 1e9,
+            attn_coeff=4.0 * m.num_layers * m.num_attention_heads * m.head_dim,
+            inv_flops=1.0 / (t.mfu * hw.peak_tflops * 1e12 * tp),
+            h2d_bw=hw.host_to_device_gbps * GB,
+            storage_bw=hw.storage_to_host_gbps * GB,
+            load_overlap=t.load_back_overlap,
+        )
+
+
+def weights_touched(r: Roofline, batch: int) -> float:
+    """Weight bytes per GPU one decode step reads with ``batch`` requests."""
+    if r.w_experts == 0.0 or batch <= 0:
+        return r.w_dense
+    return r.w_dense + r.w_experts * (1.0 - r.keep**batch)
+
+
+def decode_step(r: Roofline, batch: int, kv_tokens: int) -> float:
+    """τ_dec(B, K): one decode iteration of ``batch`` requests reading ``kv_tokens`` of context."""
+    return r.t_fixed + (weights_touched(r, batch) + kv_tokens * r.kv_bytes) * r.inv_bw
+
+
+def decode_growth(r: Roofline, batch: int) -> float:
+    """q: how much each further step of a constant batch is slower (K grows by B per step)."""
+    return batch * r.kv_bytes * r.inv_bw
+
+
+def span(a: float, q: float, steps: int) -> float:
+    """Duration of ``steps`` steps whose first takes ``a`` and each next ``q`` longer."""
+    return steps * a + q * steps * (steps - 1) / 2.0
+
+
+def steps_within(a: float, q: float, budget: float, max_steps: int) -> int:
+    """Largest n ≤ max_steps with span(a, q, n) ≤ budget (0 if even one step does not fit)."""
+    if budget < a:
+        return 0
+    if q <= 0.0:
+        n = int(budget / a)
+    else:
+        b = a - q / 2.0
+        n = int((-b + math.sqrt(b * b + 2.0 * q * budget)) / q)
+    n = min(max(n, 0), max_steps)
+    while n > 0 and span(a, q, n) > budget:
+        n -= 1
+    while n < max_steps and span(a, q, n + 1) <= budget:
+        n += 1
+    return n
+
+
+def prefill_flops(r: Roofline, new_tokens: int, prefix: int) -> float:
+    """FLOPs(n | c): n new tokens attending to a cached prefix of c tokens and to each other."""
+    n = float(new_tokens)
+    return r.linear_flops * n + r.attn_coeff * (n * prefix + n * n / 2.0)
+
+
+def prefill_seconds(r: Roofline, new_tokens: int, prefix: int) -> float:
+    """Compute time of a prefill chunk (chunks of several requests add up)."""
+    if new_tokens <= 0:
+        return 0.0
+    return prefill_flops(r, new_tokens, prefix) * r.inv_flops
+
+
+def load_back_seconds(r: Roofline, host_tokens: int, storage_tokens: int) -> float:
+    """Host→device copy of host hits; L3 hits are read into host first, then copied."""
+    b = r.kv_bytes
+    return (host_tokens + storage_tokens) * b / r.h2d_bw + storage_tokens * b / r.storage_bw
+
+
+def iteration_seconds(r: Roofline, batch: int, kv_tokens: int, prefill_s: float, load_s: float) -> float:
+    """One iteration: a decode step of ``batch`` requests (if any), the prefill chunks of this
+    iteration, and the part of load-back not hidden behind compute."""
+    base = decode_step(r, batch, kv_tokens) if batch > 0 else r.t_fixed
+    compute = base - r.t0 + prefill_s
+    hidden = min(load_s, r.load_overlap * compute)
+    return base + prefill_s + load_s - hidden
