@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse
 from thunder_sgl import __version__
 from thunder_sgl.config import RouterConfig
 from thunder_sgl.errors import BadRequest, ThunderError, openai_error_body
-from thunder_sgl.gateway.http import error_response
+from thunder_sgl.gateway.http import BodyLimit, error_response
 from thunder_sgl.gateway.routes_admin import build_admin_router
 from thunder_sgl.gateway.routes_openai import build_inference_router
 from thunder_sgl.gateway.routes_programs import build_programs_router
@@ -70,4 +70,5 @@ def create_app(config: RouterConfig, settings: Settings) -> FastAPI:
     app.include_router(build_programs_router(gw))
     app.include_router(build_admin_router(gw))
     attach_sandboxes(app, gw)
+    app.add_middleware(BodyLimit, limit=gw.max_body)
     return app

@@ -48,3 +48,42 @@ def error_response(err: ThunderError) -> JSONResponse:
     if err.retry_after is not None:
         headers["Retry-After"] = str(max(1, int(round(err.retry_after))))
     return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+
+class BodyLimit:
+    """ASGI middleware: refuse (413, OpenAI-shaped) any request body over ``limit`` bytes, on
+    every route, whether announced by Content-Length or streamed in chunks."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for k, v in scope.get("headers", ()):
+            if k == b"content-length" and v.isdigit() and int(v) > self.limit:
+                await self._refuse(send, f"request body of {int(v)} bytes exceeds the limit of {self.limit} bytes")
+                return
+        seen = 0
+        limit = self.limit
+
+        async def counted() -> Any:
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > limit:
+                    raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+            return msg
+
+        await self.app(scope, counted, send)
+
+    @staticmethod
+    async def _refuse(send: Any, message: str) -> None:
+        resp = error_response(PayloadTooLarge(message))
+        await send({"type": "http.response.start", "status": resp.status_code,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(resp.body)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": resp.body})
