@@ -24,6 +24,7 @@ import asyncio
 import json
 import statistics
 import time
+import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -71,8 +72,11 @@ async def one(session: aiohttp.ClientSession, url: str, body: bytes, headers: di
     return time.perf_counter() - t
 
 
+MODEL = {"id": "sim"}
+
+
 def payload(stream: bool) -> bytes:
-    b = dict(BODY, stream=stream)
+    b = dict(BODY, stream=stream, model=MODEL["id"])  # smg routes by model name: use the worker's
     return orjson.dumps(b)
 
 
@@ -168,6 +172,8 @@ def run(args: argparse.Namespace) -> list[Row]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     sim = start_sim(args.config, workers=1, time_scale=args.time_scale, log_dir=out / "logs")
+    with urllib.request.urlopen(sim.urls[0] + "/v1/models", timeout=5) as r:
+        MODEL["id"] = json.loads(r.read())["data"][0]["id"]
     targets: dict[str, Proc | None] = {"direct": None}
     rows: list[Row] = []
     try:
