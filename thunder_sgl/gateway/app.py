@@ -21,7 +21,7 @@ from thunder_sgl.config import RouterConfig
 from thunder_sgl.errors import BadRequest, ThunderError, openai_error_body
 from thunder_sgl.gateway.http import BodyLimit, error_response
 from thunder_sgl.gateway.routes_admin import build_admin_router
-from thunder_sgl.gateway.routes_openai import build_inference_router
+from thunder_sgl.gateway.routes_openai import FastPath, InferenceHandler, build_inference_router
 from thunder_sgl.gateway.routes_programs import build_programs_router
 from thunder_sgl.gateway.runtime import Gateway, Settings
 from thunder_sgl.gateway.tools import attach_sandboxes
@@ -31,7 +31,7 @@ log = logging.getLogger("thunder_sgl.gateway")
 STATUS_TYPES = {404: "not_found_error", 405: "invalid_request_error", 401: "authentication_error"}
 
 
-def create_app(config: RouterConfig, settings: Settings) -> FastAPI:
+def create_app(config: RouterConfig, settings: Settings) -> FastPath:
     gw = Gateway(config, settings)
 
     @contextlib.asynccontextmanager
@@ -66,9 +66,10 @@ def create_app(config: RouterConfig, settings: Settings) -> FastAPI:
         body = openai_error_body(msg, STATUS_TYPES.get(err.status_code, "invalid_request_error"), err.status_code)
         return JSONResponse(body, status_code=err.status_code)
 
-    app.include_router(build_inference_router(gw))
+    handler = InferenceHandler(gw)
+    app.include_router(build_inference_router(handler))
     app.include_router(build_programs_router(gw))
     app.include_router(build_admin_router(gw))
     attach_sandboxes(app, gw)
     app.add_middleware(BodyLimit, limit=gw.max_body)
-    return app
+    return FastPath(app, handler)

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -36,11 +37,15 @@ UPSTREAM_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completion
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
+_RID_PREFIX = uuid.uuid4().hex[:12]
+_rid_seq = itertools.count()
+
+
 def upstream_request(gw: Gateway, inbound: Inbound, t: Ticket, extra_headers: dict[str, str]) -> tuple[bytes, dict[str, str], str]:
     body = dict(inbound.body)
     rid = body.get("rid")
     if not isinstance(rid, str) or not rid:
-        rid = uuid.uuid4().hex
+        rid = f"thunder-{_RID_PREFIX}-{next(_rid_seq)}"  # unique per router process; cheaper than uuid4
         body["rid"] = rid
     if inbound.stream and inbound.route != "generate":
         opts = dict(body.get("stream_options") or {})
@@ -102,23 +107,32 @@ async def _open(gw: Gateway, t: Ticket, path: str, payload: bytes, headers: dict
 
 async def _complete(gw: Gateway, inbound: Inbound, t: Ticket, resp: aiohttp.ClientResponse, rid: str,
                     disconnected: Callable[[], Awaitable[Any]]) -> Response:
-    read = asyncio.ensure_future(resp.read())
+    # Watch for the client leaving while the worker generates: then cancel the read and abort
+    # upstream. One watcher task per request, no extra task for the read itself.
+    me = asyncio.current_task()
     gone = asyncio.ensure_future(disconnected())
+
+    def on_gone(f: asyncio.Future[Any]) -> None:
+        if not f.cancelled() and me is not None:
+            me.cancel()
+
+    gone.add_done_callback(on_gone)
     try:
-        done, _ = await asyncio.wait({read, gone}, return_when=asyncio.FIRST_COMPLETED)
-        if read not in done:
-            read.cancel()
+        data = await resp.read()
+    except asyncio.CancelledError:
+        if gone.done() and not gone.cancelled():
+            if me is not None:
+                me.uncancel()
             resp.close()
             gw.spawn(abort(gw, t, rid), f"abort {rid}")
             gw.finish(t, None)
-            raise asyncio.CancelledError("client disconnected")
-        try:
-            data = read.result()
-        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-            gw.metrics.upstream_errors.labels("read").inc()
-            gw.finish(t, None)
-            raise UpstreamError(f"worker failed while answering: {type(e).__name__}: {e}", code="upstream_failed") from None
+        raise
+    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        gw.metrics.upstream_errors.labels("read").inc()
+        gw.finish(t, None)
+        raise UpstreamError(f"worker failed while answering: {type(e).__name__}: {e}", code="upstream_failed") from None
     finally:
+        gone.remove_done_callback(on_gone)
         gone.cancel()
         resp.release()
     status = resp.status

@@ -7,6 +7,7 @@ Each handler: read the body (size limit), parse and validate it (``inbound``), s
 from __future__ import annotations
 
 import asyncio
+import logging
 from functools import partial
 from typing import Any
 
@@ -16,7 +17,8 @@ from starlette.responses import Response
 
 from thunder_sgl.controller import Ticket
 from thunder_sgl.gateway import proxy
-from thunder_sgl.gateway.http import check_key, read_body, wait_disconnect
+from thunder_sgl.errors import ThunderError
+from thunder_sgl.gateway.http import check_key, error_response, read_body, wait_disconnect
 from thunder_sgl.gateway.inbound import parse_inbound
 from thunder_sgl.gateway.runtime import Gateway
 
@@ -39,41 +41,92 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                                                     "properties": {"max_new_tokens": {"type": "integer", "minimum": 0}}},
                                 "program_id": {"type": "string"}}},
 }
+log = logging.getLogger("thunder_sgl.gateway")
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "generate": "/generate"}
 
 
-def build_inference_router(gw: Gateway) -> APIRouter:
+class InferenceHandler:
+    """The one implementation of the three inference routes, used by the fast path and by
+    the (documented) FastAPI routes alike."""
+
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+        self.forwarded = frozenset(h.lower() for h in gw.settings.request_id_headers) | {"traceparent", "tracestate"}
+        self.counters = {}
+
+    async def __call__(self, request: Request, route: str) -> Response:
+        gw = self.gw
+        status = 500
+        try:
+            check_key(request, gw.settings.api_key, "API key")
+            raw = await read_body(request, gw.max_body)
+            headers = {k.lower(): v for k, v in request.headers.items()}
+            inbound = parse_inbound(route, raw, headers)
+            t = Ticket(inbound.program_id, inbound.prompt_chars, inbound.prompt_tokens,
+                       inbound.prefix_key, inbound.prefix_chars)
+            disconnected = partial(wait_disconnect, request)
+            try:
+                await gw.acquire(t, disconnected)
+                extra = {k: v for k, v in headers.items() if k in self.forwarded}
+                resp = await proxy.forward(gw, inbound, t, extra, disconnected)
+            except asyncio.CancelledError:
+                status = 499  # client closed the request
+                return Response(status_code=499)
+            status = resp.status_code
+            return resp
+        except Exception as e:
+            status = getattr(e, "status", 500)
+            raise
+        finally:
+            self._count(route, status)
+
+    def _count(self, route: str, status: int) -> None:
+        c = self.counters.get((route, status))
+        if c is None:
+            c = self.counters[(route, status)] = self.gw.metrics.requests.labels(route, str(status))
+        c.inc()
+
+
+class FastPath:
+    """ASGI front: the three inference routes go straight to ``InferenceHandler``, skipping
+    FastAPI's routing, dependency and middleware layers (they cost more CPU per request than
+    the proxying itself); everything else goes to the FastAPI app. Errors leave in the same
+    OpenAI shape as through FastAPI."""
+
+    def __init__(self, app: Any, handler: InferenceHandler) -> None:
+        self.app = app
+        self.handler = handler
+        self.routes = {path: route for route, path in PATHS.items()}
+
+    def __getattr__(self, name: str) -> Any:  # state, openapi(), routes ... of the FastAPI app
+        return getattr(self.app, name)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            route = self.routes.get(scope["path"])
+            if route is not None:
+                request = Request(scope, receive)
+                try:
+                    resp = await self.handler(request, route)
+                except ThunderError as e:
+                    resp = error_response(e)
+                except Exception:
+                    log.exception("inference request failed")
+                    resp = error_response(ThunderError("internal error while routing the request"))
+                await resp(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def build_inference_router(handler: InferenceHandler) -> APIRouter:
     router = APIRouter(tags=["inference"])
-    forwarded = tuple(h.lower() for h in gw.settings.request_id_headers) + ("traceparent", "tracestate")
 
     def make(route: str):  # noqa: ANN202 - FastAPI endpoint
-        async def handler(request: Request) -> Response:
-            check_key(request, gw.settings.api_key, "API key")
-            status = 500
-            try:
-                raw = await read_body(request, gw.max_body)
-                headers = {k.lower(): v for k, v in request.headers.items()}
-                inbound = parse_inbound(route, raw, headers)
-                t = Ticket(inbound.program_id, inbound.prompt_chars, inbound.prompt_tokens,
-                           inbound.prefix_key, inbound.prefix_chars)
-                disconnected = partial(wait_disconnect, request)
-                try:
-                    await gw.acquire(t, disconnected)
-                    extra = {k: v for k, v in headers.items() if k in forwarded}
-                    resp = await proxy.forward(gw, inbound, t, extra, disconnected)
-                except asyncio.CancelledError:
-                    status = 499  # client closed the request
-                    return Response(status_code=499)
-                status = resp.status_code
-                return resp
-            except Exception as e:
-                status = getattr(e, "status", 500)
-                raise
-            finally:
-                gw.metrics.requests.labels(route, str(status)).inc()
+        async def endpoint(request: Request) -> Response:
+            return await handler(request, route)
 
-        handler.__name__ = f"{route}_handler"
-        return handler
+        endpoint.__name__ = f"{route}_handler"
+        return endpoint
 
     for route, path in PATHS.items():
         router.add_api_route(
