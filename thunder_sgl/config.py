@@ -124,8 +124,9 @@ class MonitorConfig:
     stale_after_seconds: float = 10.0
     """Live numbers older than this make the backend count as full."""
 
-    request_timeout_seconds: float = 5.0
-    """Timeout of one monitor request."""
+    request_timeout_seconds: float = 2.0
+    """Timeout of one monitor request. A worker that stops answering is marked unhealthy
+    within failure_threshold × (poll_interval + request_timeout) seconds (9 s by default)."""
 
     failure_threshold: int = 3
     """Consecutive failed polls before a worker is marked unhealthy."""

@@ -128,6 +128,10 @@ class Controller:
     def held_count(self) -> int:
         return self._held_count
 
+    def held_tickets(self) -> list[Ticket]:
+        """Every ticket held now, oldest first per program."""
+        return [t for q in self._held.values() for t in q]
+
     def submit(self, t: Ticket, now: float) -> Backend | None:
         """Dispatch ``t`` now (returns its backend) or hold it (returns None).
         Raises NoBackend (stateless, nothing available), Conflict (concurrent request of one

@@ -33,9 +33,11 @@ class GatewayMetrics:
                                    buckets=HELD_BUCKETS, registry=self.registry)
         self.registry.register(_StateCollector(gw))
         self.last_demand: dict[str, float] = {}
+        self.held_wait_max = 0.0
 
     def observe_held(self, t: Ticket) -> None:
         self.held_wait.observe(t.held_seconds)
+        self.held_wait_max = max(self.held_wait_max, t.held_seconds)
 
     def on_tick(self, res: TickResult) -> None:
         self.last_demand = dict(res.decisions.demand)
@@ -66,6 +68,12 @@ class _StateCollector(Collector):
                                 value=c.held_count)
         yield GaugeMetricFamily("thunder_waiting_programs", "Programs in the global waiting queue",
                                 value=c.programs.waiting_count)
+        now = self.gw.clock()
+        oldest = min((t.created for t in c.held_tickets()), default=now)
+        yield GaugeMetricFamily("thunder_held_wait_oldest_seconds", "Age of the oldest request held now",
+                                value=now - oldest)
+        yield GaugeMetricFamily("thunder_held_wait_max_seconds", "Longest wait of any request dispatched after being held",
+                                value=self.gw.metrics.held_wait_max)
         s = c.stats
         for name, value, doc in (
             ("thunder_admissions", s.admissions, "New programs admitted"),

@@ -141,9 +141,27 @@ async def _complete(gw: Gateway, inbound: Inbound, t: Ticket, resp: aiohttp.Clie
         if status >= 500:
             gw.metrics.upstream_errors.labels(f"http_{status}").inc()
             raise UpstreamError(f"worker answered {status}: {data[:500].decode(errors='replace')}", code=f"upstream_{status}")
-        return Response(data, status_code=status, media_type=resp.content_type)
+        return Response(openai_shaped(data, status), status_code=status, media_type="application/json")
     gw.finish(t, usage_from_body(inbound.route, data))
     return Response(data, status_code=200, media_type=resp.content_type or "application/json")
+
+
+def openai_shaped(data: bytes, status: int) -> bytes:
+    """A worker's 4xx body in OpenAI's error shape. SGLang answers ``{"object": "error",
+    "message", "type", "param", "code"}`` (no ``error`` wrapper); plain text is wrapped too."""
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        obj = None
+    if isinstance(obj, dict) and isinstance(obj.get("error"), dict):
+        return data
+    if isinstance(obj, dict) and "message" in obj:
+        err = {"message": str(obj["message"]), "type": str(obj.get("type") or "invalid_request_error"),
+               "param": obj.get("param"), "code": obj.get("code", status)}
+    else:
+        err = {"message": data[:1000].decode(errors="replace") or f"worker answered {status}",
+               "type": "invalid_request_error", "param": None, "code": status}
+    return orjson.dumps({"error": err})
 
 
 async def _relay(gw: Gateway, inbound: Inbound, t: Ticket, resp: aiohttp.ClientResponse, path: str,

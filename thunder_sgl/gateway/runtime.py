@@ -96,10 +96,9 @@ class Gateway:
         if self.monitor:
             await self.monitor.close()
         # Answer every request still held: the router is going away.
-        for p in self.controller.programs.values():
-            for t in list(self.controller._held.get(p.id, ())):
-                self.controller.cancel(t)
-                self._fail(t, Overloaded("router shutting down", retry_after=self.cfg.gateway.retry_after_seconds))
+        for t in self.controller.held_tickets():
+            self.controller.cancel(t)
+            self._fail(t, Overloaded("router shutting down", retry_after=self.cfg.gateway.retry_after_seconds))
         if self.session:
             await self.session.close()
 

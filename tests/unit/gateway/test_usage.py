@@ -55,3 +55,16 @@ def test_tap_on_generate_keeps_every_chunk_and_reads_the_last_meta_info():
     tap = SSETap("generate", False)
     out = tap.feed(sse(a) + sse(b) + b"data: [DONE]\n\n")
     assert tap.usage == Usage(10, 2, 6) and out.count(b"meta_info") == 2
+
+
+def test_worker_errors_are_rewrapped_in_openai_shape():
+    from thunder_sgl.gateway.proxy import openai_shaped
+
+    sglang = orjson.dumps({"object": "error", "message": "max_new_tokens must be >= 1", "type": "BadRequest",
+                           "param": None, "code": 400})
+    assert orjson.loads(openai_shaped(sglang, 400)) == {"error": {
+        "message": "max_new_tokens must be >= 1", "type": "BadRequest", "param": None, "code": 400}}
+    already = orjson.dumps({"error": {"message": "m", "type": "t", "param": None, "code": "c"}})
+    assert openai_shaped(already, 400) == already
+    assert orjson.loads(openai_shaped(b"plain text", 422))["error"] == {
+        "message": "plain text", "type": "invalid_request_error", "param": None, "code": 422}
