@@ -65,7 +65,7 @@ def test_bad_input_gets_a_precise_4xx(router, method, path, kw, status, code):
 
 
 def test_concurrent_requests_of_one_program_get_409_and_the_first_completes(router):
-    body = {**CHAT, "max_tokens": 300, "program_id": "busy"}   # ~3 s simulated: long enough to overlap
+    body = {**CHAT, "max_tokens": 3000, "program_id": "busy"}   # ~30 s simulated (1.5 s real): long enough to overlap
     first: dict = {}
     t = threading.Thread(target=lambda: first.setdefault("r", httpx.post(router.url + "/v1/chat/completions", json=body, timeout=30)))
     t.start()
