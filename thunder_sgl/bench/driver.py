@@ -24,7 +24,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -37,7 +37,7 @@ from thunder_sgl.bench.conversation import (
 )
 from thunder_sgl.bench.stats import ProgramRecord, StepRecord, WorkloadResult
 from thunder_sgl.bench.textgen import system_prompt
-from thunder_sgl.bench.workload import ProgramSource, ProgramSpec, WorkloadProfile, load_profile
+from thunder_sgl.bench.workload import ProgramSource, ProgramSpec, StepSpec, WorkloadProfile, load_profile
 
 log = logging.getLogger(__name__)
 
@@ -85,12 +85,24 @@ class DriverOptions:
     """Limit of one LLM call (a paused program's request may be held long)."""
     on_event: Callable[[DriverEvent], None] | None = None
     """Called synchronously with progress events; must not raise."""
+    tools: ToolRunner | None = None
+    """Runs the tool calls (e.g. an exec in the program's sandbox); None: a sleep of the
+    step's tool time. ``start`` is awaited before a program's first step."""
 
     def __post_init__(self) -> None:
         if self.duration_s is None and self.total_programs is None:
             raise ValueError("give duration_s or total_programs")
         if self.time_scale <= 0 or self.max_retries < 0 or self.warmup_s < 0:
             raise ValueError("need time_scale > 0, max_retries >= 0, warmup_s >= 0")
+
+
+class ToolRunner(Protocol):
+    """How a driven agent runs its tools. Failures are the runner's to count: a tool that
+    fails must still return (the agent goes on, as agents do with a failing command)."""
+
+    async def start(self, program_id: str) -> None: ...
+
+    async def run(self, program_id: str, step: StepSpec, real_seconds: float) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -204,6 +216,8 @@ class _Driver:
             ignore_eos=self.o.ignore_eos,
         )
         try:
+            if self.o.tools is not None:
+                await self.o.tools.start(spec.program_id)
             for i, step in enumerate(spec.steps):
                 call = await self._call(conv, i)
                 if call is None:
@@ -211,7 +225,10 @@ class _Driver:
                     break
                 srec, reply = call
                 conv.add_reply(i, reply)
-                await asyncio.sleep(step.tool_seconds / self.o.time_scale)
+                if self.o.tools is not None:
+                    await self.o.tools.run(spec.program_id, step, step.tool_seconds / self.o.time_scale)
+                else:
+                    await asyncio.sleep(step.tool_seconds / self.o.time_scale)
                 srec.tool_end_s = self.now()
                 rec.steps_done += 1
                 self.emit("tool_end", spec.program_id, step=srec)

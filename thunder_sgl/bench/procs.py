@@ -103,14 +103,16 @@ def wait_until(pred, timeout: float, what: str, proc: Proc | None = None, interv
 
 
 def start_sim(config: str, workers: int = 1, time_scale: float = 1.0, seed: int = 0,
-              extra: list[str] | None = None, log_dir: Path | None = None, timeout: float = 60.0) -> Proc:
-    """``python -m thunder_sgl.sim`` with N workers on free ports; waits until all listen."""
+              extra: list[str] | None = None, log_dir: Path | None = None, timeout: float = 60.0,
+              port: int = 0, name: str = "sim") -> Proc:
+    """``python -m thunder_sgl.sim`` with N workers on free ports (or from ``port`` on, e.g. to
+    restart a crashed worker where its router expects it); waits until all listen."""
     ready = Path(tempfile.mkdtemp(prefix="thunder-sim-")) / "ready.json"
     argv = [sys.executable, "-m", "thunder_sgl.sim", "--config", config, "--workers", str(workers),
-            "--base-port", "0", "--host", "127.0.0.1", "--time-scale", str(time_scale), "--seed", str(seed),
+            "--base-port", str(port), "--host", "127.0.0.1", "--time-scale", str(time_scale), "--seed", str(seed),
             "--ready-file", str(ready), *(extra or [])]
-    p, log = _spawn("sim", argv, log_dir)
-    proc = Proc("sim", p, "", log)
+    p, log = _spawn(name, argv, log_dir)
+    proc = Proc(name, p, "", log)
     wait_until(ready.exists, timeout, "the simulated workers", proc)
     time.sleep(0.05)
     proc.urls = list(json.loads(ready.read_text())["urls"])

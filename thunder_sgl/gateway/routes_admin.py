@@ -68,11 +68,17 @@ def build_admin_router(gw: Gateway) -> APIRouter:
     @router.get("/get_server_info")
     async def server_info() -> JSONResponse:
         c = gw.controller
-        return JSONResponse({
+        info: dict[str, Any] = {
             "router_manager": True, "routers_count": 1, "workers_count": len(monitor().workers),
             "policy": gw.settings.policy, "programs": len(c.programs), "waiting_programs": c.programs.waiting_count,
             "held_requests": c.held_count, "time_scale": gw.cfg.time_scale,
-        })
+        }
+        m = gw.sandboxes
+        if m is not None:
+            live = [s for pid in m.programs() for s in m.list(pid) if s.status.value != "removed"]
+            info["sandboxes"] = {"live": len(live), "programs": len(m.programs()), "ports_in_use": m.ports.in_use,
+                                 "provider": type(m.provider).__name__ if m.provider else None}
+        return JSONResponse(info)
 
     @router.get("/workers")
     async def list_workers(request: Request) -> JSONResponse:

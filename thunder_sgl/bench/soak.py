@@ -1,0 +1,267 @@
+"""``thunder-sgl soak``: hours of agents at 2× KV overload, with faults on a schedule.
+
+    thunder-sgl soak --minutes 30 [--nodes 2] [--cluster glm46-fp8-h100x8] [--overload 2]
+                     [--time-scale 10] [--fault-every 45] [--sandboxes auto|docker|local|none]
+
+Starts one simulated worker process per node (so that a crash takes one node down) and the
+thunder router in front of them, then drives closed-loop agent programs — ``overload`` × the
+cluster's KV capacity in programs (Σ HBM tokens / the profile's time-averaged context) — each
+with a sandbox whose ``exec`` is its tool call. Every ``fault-every`` seconds one fault is
+injected, in turn: a worker killed (SIGKILL) and restarted 10 s later on its port; a worker
+that stops answering for 15 s; +300 ms latency for 20 s; 20% of requests failing for 20 s;
+a stream dropped mid-way. At the end it prints and writes (JSON, under ``--out``):
+requests served, errors by kind, programs lost (abandoned by their agent after retries:
+must be 0), leaked programs / sandboxes / ports on the router after every program was
+released (must be 0), router RSS at start and end, and the longest held-request wait.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import psutil
+
+from thunder_sgl.bench.driver import DriverOptions, run_workload
+from thunder_sgl.bench.procs import Proc, start_sim, start_thunder
+from thunder_sgl.bench.workload import StepSpec, load_profile, program_at
+from thunder_sgl.sim import load_sim_config
+
+FAULTS = ("crash", "silence", "slow", "flaky", "drop")
+
+
+@dataclass
+class SandboxTools:
+    """Agents' tool calls as sandbox execs through the router (one sandbox per program)."""
+
+    url: str
+    session: aiohttp.ClientSession
+    sandboxes: dict[str, str] = field(default_factory=dict)
+    errors: Counter[str] = field(default_factory=Counter)
+    execs: int = 0
+
+    async def start(self, program_id: str) -> None:
+        try:
+            async with self.session.post(f"{self.url}/programs/{program_id}/sandboxes", json={}) as r:
+                body = await r.json(content_type=None)
+                if r.status == 202:
+                    self.sandboxes[program_id] = body["id"]
+                else:
+                    self.errors[f"sandbox_create_{r.status}"] += 1
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            self.errors[f"sandbox_create_{type(e).__name__}"] += 1
+
+    async def run(self, program_id: str, step: StepSpec, real_seconds: float) -> None:
+        sid = self.sandboxes.get(program_id)
+        if sid is None:
+            await asyncio.sleep(real_seconds)
+            return
+        cmd = f"sleep {real_seconds:.3f}"
+        try:
+            async with self.session.post(f"{self.url}/programs/{program_id}/sandboxes/{sid}/exec",
+                                         json={"command": cmd, "timeout": real_seconds + 30}) as r:
+                await r.read()
+                if r.status == 200:
+                    self.execs += 1
+                elif r.status == 409:  # still preparing: the agent waits for its tool instead
+                    await asyncio.sleep(real_seconds)
+                else:
+                    self.errors[f"exec_{r.status}"] += 1
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            self.errors[f"exec_{type(e).__name__}"] += 1
+
+
+def mean_context(profile_name: str, samples: int = 400) -> float:
+    """Time-averaged resident context of the profile's programs (tokens)."""
+    prof = load_profile(profile_name)
+    total = 0.0
+    steps = 0
+    for i in range(samples):
+        spec = program_at(prof, 12345, i)
+        for k in range(len(spec.steps)):
+            total += spec.prompt_tokens_at(k)
+            steps += 1
+    return total / max(1, steps)
+
+
+def rss_mb(proc: Proc) -> float:
+    try:
+        return psutil.Process(proc.popen.pid).memory_info().rss / 2**20
+    except psutil.Error:
+        return float("nan")
+
+
+async def get_json(session: aiohttp.ClientSession, url: str) -> Any:
+    async with session.get(url, timeout=aiohttp.ClientTimeout(total=10)) as r:
+        return await r.json(content_type=None)
+
+
+async def metric(session: aiohttp.ClientSession, url: str, name: str) -> float:
+    async with session.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
+        for line in (await r.text()).splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    return 0.0
+
+
+async def set_fault(session: aiohttp.ClientSession, url: str, **kw: Any) -> None:
+    with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+        async with session.post(url + "/sim/faults", json=kw, timeout=aiohttp.ClientTimeout(total=5)) as r:
+            await r.read()
+
+
+async def inject(args: argparse.Namespace, nodes: list[Proc], session: aiohttp.ClientSession,
+                 log: list[dict[str, Any]], t0: float) -> None:
+    """Faults in turn, one every ``fault_every`` seconds, each on the next node."""
+    i = 0
+    while True:
+        await asyncio.sleep(args.fault_every)
+        kind = FAULTS[i % len(FAULTS)]
+        k = i % len(nodes)
+        node = nodes[k]
+        log.append({"t": round(time.monotonic() - t0, 1), "fault": kind, "node": node.url})
+        print(f"[soak] t={time.monotonic() - t0:6.0f}s fault: {kind} on {node.url}", flush=True)
+        if kind == "crash":
+            port = int(node.url.rsplit(":", 1)[1])
+            node.kill()
+            await asyncio.sleep(10)
+            nodes[k] = await asyncio.to_thread(start_sim, args.cluster, 1, args.time_scale, 0, None,
+                                               Path(args.out) / "logs", 60.0, port, f"sim-{k}-r{i}")
+        elif kind == "silence":
+            await set_fault(session, node.url, stop_answering=True)
+            await asyncio.sleep(15)
+            await set_fault(session, node.url, stop_answering=False)
+        elif kind == "slow":
+            await set_fault(session, node.url, added_latency_ms=300)
+            await asyncio.sleep(20)
+            await set_fault(session, node.url, added_latency_ms=0)
+        elif kind == "flaky":
+            await set_fault(session, node.url, failure_rate=0.2)
+            await asyncio.sleep(20)
+            await set_fault(session, node.url, failure_rate=0.0)
+        elif kind == "drop":
+            await set_fault(session, node.url, die_mid_stream_after_tokens=5, die_mid_stream_mode="drop")
+        i += 1
+
+
+async def soak(args: argparse.Namespace) -> dict[str, Any]:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = load_sim_config(args.cluster)
+    c_bar = mean_context(args.profile)
+    capacity = args.nodes * cfg.server.max_total_num_tokens / c_bar
+    programs = max(2, round(args.overload * capacity))
+    print(f"[soak] {args.nodes} × {args.cluster}: KV capacity ≈ {capacity:.0f} programs of c̄ ≈ {c_bar:.0f} tokens; "
+          f"driving {programs} programs ({args.overload}×) for {args.minutes} min at time scale {args.time_scale}",
+          flush=True)
+    nodes = [start_sim(args.cluster, 1, args.time_scale, log_dir=out / "logs", name=f"sim-{k}") for k in range(args.nodes)]
+    extra = ["--thunder-instance-id", f"soak-{int(time.time())}", "--thunder-sandbox-provider", args.sandboxes]
+    router = start_thunder([n.url for n in nodes], time_scale=args.time_scale, log_dir=out / "logs", extra=extra)
+    faults: list[dict[str, Any]] = []
+    summary: dict[str, Any] = {}
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
+            rss_start = rss_mb(router)
+            tools = SandboxTools(router.url, s) if args.sandboxes != "none" else None
+            opts = DriverOptions(duration_s=args.minutes * 60, time_scale=args.time_scale, seed=args.seed,
+                                 max_retries=6, retry_backoff_s=1.0, request_timeout_s=600, tools=tools)
+            t0 = time.monotonic()
+            injector = asyncio.create_task(inject(args, nodes, s, faults, t0))
+            rss_peak = rss_start
+
+            async def sample() -> None:
+                nonlocal rss_peak
+                while True:
+                    await asyncio.sleep(30)
+                    rss_peak = max(rss_peak, rss_mb(router))
+                    with contextlib.suppress(Exception):
+                        info = await get_json(s, router.url + "/get_server_info")
+                        print(f"[soak] t={time.monotonic() - t0:6.0f}s programs={info['programs']} "
+                              f"waiting={info['waiting_programs']} held={info['held_requests']} "
+                              f"rss={rss_mb(router):.0f} MB", flush=True)
+
+            sampler = asyncio.create_task(sample())
+            try:
+                res = await run_workload(router.url, args.profile, programs, opts)
+            finally:
+                for t in (injector, sampler):
+                    t.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await t
+            for k, n in enumerate(nodes):  # clear faults left armed
+                await set_fault(s, n.url, stop_answering=False, added_latency_ms=0, failure_rate=0.0,
+                                die_mid_stream_after_tokens=None)
+            await asyncio.sleep(3)  # releases propagate; sandbox teardown finishes
+            info = await get_json(s, router.url + "/get_server_info")
+            sb = info.get("sandboxes", {})
+            for _ in range(30):
+                if not sb.get("live") and not sb.get("ports_in_use"):
+                    break
+                await asyncio.sleep(1)
+                sb = (await get_json(s, router.url + "/get_server_info")).get("sandboxes", {})
+            held_max = await metric(s, router.url, "thunder_held_wait_max_seconds")
+            outcomes = Counter(p.outcome for p in res.programs)
+            summary = {
+                "command": "thunder-sgl soak " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
+                "minutes": args.minutes, "nodes": args.nodes, "cluster": args.cluster, "programs": programs,
+                "requests_served": sum(1 for x in res.steps if x.ok),
+                "errors_by_kind": dict(res.errors) | {f"tool_{k}": v for k, v in (tools.errors if tools else {}).items()},
+                "programs_started": len(res.programs), "programs_completed": outcomes.get("completed", 0),
+                "programs_lost": outcomes.get("failed", 0),
+                "programs_cancelled_at_end": outcomes.get("cancelled", 0),
+                "leaked_programs": info["programs"], "leaked_sandboxes": sb.get("live", 0),
+                "leaked_ports": sb.get("ports_in_use", 0), "sandbox_execs": tools.execs if tools else 0,
+                "router_rss_mb_start": round(rss_start, 1), "router_rss_mb_end": round(rss_mb(router), 1),
+                "router_rss_mb_peak": round(rss_peak, 1),
+                "max_held_wait_s": round(held_max, 3), "max_held_wait_simulated_s": round(held_max * args.time_scale, 1),
+                "steps_per_min": round(res.steps_per_min, 1), "kv_hit_rate": round(res.kv_hit_rate, 4),
+                "faults": faults,
+            }
+    finally:
+        router.stop()
+        for n in nodes:
+            n.stop()
+    (out / "soak.json").write_text(json.dumps(summary, indent=1))
+    width = max(len(k) for k in summary)
+    for k, v in summary.items():
+        if k != "faults":
+            print(f"  {k:<{width}}  {v}")
+    print(f"  faults injected: {len(faults)} ({Counter(f['fault'] for f in faults)})")
+    print(f"[soak] written {out / 'soak.json'}")
+    return summary
+
+
+def add_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--minutes", type=float, default=30.0, help="wall minutes to run")
+    ap.add_argument("--nodes", type=int, default=2)
+    ap.add_argument("--cluster", default="glm46-fp8-h100x8", help="simulator config of each node")
+    ap.add_argument("--profile", default="mini-swe-agent")
+    ap.add_argument("--overload", type=float, default=2.0, help="programs as a multiple of the KV capacity")
+    ap.add_argument("--time-scale", type=float, default=10.0)
+    ap.add_argument("--fault-every", type=float, default=45.0, help="wall seconds between faults")
+    ap.add_argument("--sandboxes", default="auto", choices=["auto", "docker", "local", "none"])
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--out", default="bench/results/soak")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="thunder-sgl soak", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_args(ap)
+    args = ap.parse_args(argv)
+    summary = asyncio.run(soak(args))
+    bad = summary.get("programs_lost", 1) + summary.get("leaked_programs", 1) + summary.get("leaked_sandboxes", 1) \
+        + summary.get("leaked_ports", 1)
+    return 0 if bad == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
