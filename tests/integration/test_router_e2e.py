@@ -196,3 +196,23 @@ def test_policy_cache_aware_starts_the_stock_router(spawn, log_dir):
         import signal
         os.killpg(p.pid, signal.SIGKILL)
         p.wait(10)
+
+
+def test_each_dp_rank_is_a_backend_and_requests_are_pinned_to_it(spawn, tmp_path):
+    from thunder_sgl.config import CONFIG_DIR
+
+    cfg = tmp_path / "tiny-dp2.yaml"
+    base = (CONFIG_DIR / "sim" / "tiny.yaml").read_text()
+    cfg.write_text(base.replace("server:\n", "server:\n  dp_size: 2\n", 1))
+    sim = spawn("sim", str(cfg), workers=1, time_scale=TS)
+    router = spawn("thunder", sim.urls, time_scale=TS)
+    keys = [b["key"] for b in httpx.get(router.url + "/workers").json()["workers"][0]["backends"]]
+    assert keys == [sim.urls[0], sim.urls[0] + "#dp1"]
+    client = OpenAI(base_url=router.url + "/v1", api_key="none")
+    for pid in ("r0", "r1"):
+        client.chat.completions.create(model="tiny", max_tokens=8, extra_body={"program_id": pid},
+                                       messages=[{"role": "user", "content": text(3000, pid)}])
+    placed = {httpx.get(f"{router.url}/programs/{pid}").json()["backend"] for pid in ("r0", "r1")}
+    assert placed == set(keys)                   # one program per rank (most free pool)
+    used = [x["num_used_tokens"] for x in httpx.get(sim.urls[0] + "/v1/loads").json()["loads"]]
+    assert all(u > 2500 for u in used), used     # each rank holds its program's KV: pinned, not balanced

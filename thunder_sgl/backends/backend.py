@@ -88,6 +88,8 @@ class Backend:
     """True when a monitor feeds live readings; unmonitored backends are never stale
     (used in pure scheduler tests and in-process simulations)."""
     model_id: str = "unknown"
+    dp_size: int = 1
+    """DP ranks of the worker: with more than one, requests are pinned to this rank."""
     inflight: int = 0
     """Requests the router has in flight on this backend (program and stateless)."""
 

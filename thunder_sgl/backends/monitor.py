@@ -199,7 +199,7 @@ class Monitor:
         except (ParseError, aiohttp.ClientError, ValueError):
             w.model_info = None
         w.info = info
-        w.backends = [Backend(w.url, r, info.tiers(), monitored=True, model_id=info.model_path)
+        w.backends = [Backend(w.url, r, info.tiers(), monitored=True, model_id=info.model_path, dp_size=info.dp_size)
                       for r in range(info.dp_size)]
         w.registered = True
         w.last_error = None

@@ -59,7 +59,7 @@ def upstream_request(gw: Gateway, inbound: Inbound, t: Ticket, extra_headers: di
 
 def _rank_headers(headers: dict[str, str], t: Ticket) -> dict[str, str]:
     b = t.backend
-    if b is not None and b.dp_rank:
+    if b is not None and b.dp_size > 1:
         return {**headers, "X-Data-Parallel-Rank": str(b.dp_rank)}
     return headers
 
