@@ -65,7 +65,7 @@ class BackendLoad:
     active: int = 0
     """Programs counted now (accounted + placed − removed in this tick)."""
     progs: list[Program] = field(default_factory=list)
-    weights: list[float] = field(default_factory=list)
+    _clock: tuple[float, float, list[float]] = (0.0, 1.0, [])
     key_counts: dict[str, int] = field(default_factory=dict)
     key_shared: dict[str, int] = field(default_factory=dict)
 
@@ -93,7 +93,6 @@ class BackendLoad:
         n = len(table)
         demand = reasoning = 0.0
         counts, shared = self.key_counts, self.key_shared
-        weights = self.weights
         REASONING = Phase.REASONING
         for p in progs:
             c = p.context_tokens
@@ -124,15 +123,18 @@ class BackendLoad:
                     counts[key] = cnt + 1
             else:
                 demand += w * c
-            weights.append(w)
         self.progs.extend(progs)
+        self._clock = (now, tick, table)
         self.demand += demand
         self.reasoning += reasoning
         self.active += len(progs)
 
-    def members(self, cfg: SchedulerConfig) -> list[Member]:
-        """The accounted programs as Members (built only for backends that must pause)."""
-        return [self.member(p, w, cfg) for p, w in zip(self.progs, self.weights)]
+    def members(self, cfg: SchedulerConfig, idle_only: bool = False) -> list[Member]:
+        """The accounted programs as Members (built only for backends that must pause);
+        ``idle_only``: just those with no request in flight (the pausable ones)."""
+        now, tick, table = self._clock
+        return [self.member(p, program_weight(p, now, tick, table), cfg)
+                for p in self.progs if not (idle_only and p.in_flight)]
 
     def add(self, m: Member) -> None:
         self.active += 1

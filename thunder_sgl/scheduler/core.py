@@ -102,21 +102,16 @@ class ThunderPolicy:
         )
 
     # ---- pause ---------------------------------------------------------------------------
-    @staticmethod
-    def _pausable(m: Member) -> bool:
-        return m.program.in_flight == 0
-
     def _evacuate(self, load: BackendLoad) -> list[str]:
         out = []
-        for m in load.members(self.cfg):
-            if self._pausable(m):
-                load.remove(m)
-                out.append(m.program.id)
+        for m in load.members(self.cfg, idle_only=True):
+            load.remove(m)
+            out.append(m.program.id)
         return out
 
     def _pause_excess(self, load: BackendLoad) -> list[str]:
         excess = load.demand - load.limit_hi
-        cands = [m for m in load.members(self.cfg) if self._pausable(m)]
+        cands = load.members(self.cfg, idle_only=True)
         # Acting programs first (held ones last), lowest decayed weight, then shortest context.
         cands.sort(key=lambda m: (m.program.held > 0, m.weight, m.program.demand_tokens(), m.program.id))
         chosen: list[Member] = []
