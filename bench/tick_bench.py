@@ -18,7 +18,7 @@ import time
 
 from thunder_sgl.backends import Backend, Tiers
 from thunder_sgl.config import SchedulerConfig
-from thunder_sgl.programs import Phase, ProgramTable, Usage
+from thunder_sgl.programs import ProgramTable, Usage
 from thunder_sgl.scheduler import ThunderPolicy, apply
 
 
@@ -70,7 +70,7 @@ def main() -> None:
     policy, table, backends = build(args.programs, args.backends)
     rng = random.Random(3)
     now, samples, decisions = 5.0, [], []
-    for i in range(args.repeat):
+    for _ in range(args.repeat):
         now += policy.cfg.tick_seconds
         evolve(table, now, rng)
         t0 = time.perf_counter()

@@ -58,7 +58,7 @@ def main() -> None:
 
     # 1. streaming read
     x = torch.empty(8 * 2**30 // 2, dtype=torch.bfloat16, device=dev).normal_()
-    t = timed(lambda: x.sum(), reps=10)
+    t = timed(lambda x=x: x.sum(), reps=10)
     res["eta_stream"] = (x.numel() * 2 / t) / args.peak_bw
     res["stream_tbps"] = x.numel() * 2 / t / 1e12
     del x
@@ -73,7 +73,7 @@ def main() -> None:
         ws = [torch.empty(hidden, n_cols, dtype=torch.bfloat16, device=dev).normal_() for _ in range(k)]
         for b in (1, 64):
             a = torch.empty(b, hidden, dtype=torch.bfloat16, device=dev).normal_()
-            t = timed(lambda: [a @ w for w in ws], reps=10)
+            t = timed(lambda a=a, ws=ws: [a @ w for w in ws], reps=10)
             res[f"eta_weights_{int(total_gb)}GB_B{b}"] = (k * per / t) / args.peak_bw
             res[f"weights_{int(total_gb)}GB_B{b}_ms"] = t * 1e3
         del ws
@@ -84,7 +84,7 @@ def main() -> None:
         q = torch.randn(b, 12, 1, 128, dtype=torch.bfloat16, device=dev)
         kv = torch.randn(b, 1, c, 128, dtype=torch.bfloat16, device=dev)
         kk = kv.expand(b, 12, c, 128)
-        t = timed(lambda: torch.nn.functional.scaled_dot_product_attention(q, kk, kk), reps=10)
+        t = timed(lambda q=q, kk=kk: torch.nn.functional.scaled_dot_product_attention(q, kk, kk), reps=10)
         kv_bytes = 2 * b * c * 128 * 2  # K and V, bf16, one kv head
         res[f"eta_kv_B{b}_c{c}"] = (kv_bytes / t) / args.peak_bw
         res[f"kv_B{b}_c{c}_ms_per_layer"] = t * 1e3
@@ -95,7 +95,7 @@ def main() -> None:
     m, kdim, n = 8192, 5120, 12288
     a = torch.randn(m, kdim, dtype=torch.bfloat16, device=dev)
     w = torch.randn(kdim, n, dtype=torch.bfloat16, device=dev)
-    t = timed(lambda: a @ w)
+    t = timed(lambda a=a, w=w: a @ w)
     res["mfu_bf16_gemm"] = (2 * m * kdim * n / t) / args.peak_bf16
     try:
         a8 = a.to(torch.float8_e4m3fn)
@@ -114,10 +114,10 @@ def main() -> None:
         q = torch.randn(1, 12, n_new, 128, dtype=torch.bfloat16, device=dev)
         kv = torch.randn(1, 1, prefix + n_new, 128, dtype=torch.bfloat16, device=dev).expand(1, 12, prefix + n_new, 128)
         if prefix == 0:
-            fn = lambda: torch.nn.functional.scaled_dot_product_attention(q, kv, kv, is_causal=True)  # noqa: E731
+            fn = lambda q=q, kv=kv: torch.nn.functional.scaled_dot_product_attention(q, kv, kv, is_causal=True)  # noqa: E731
             flops = 4 * 12 * 128 * (n_new * n_new / 2)
         else:
-            fn = lambda: torch.nn.functional.scaled_dot_product_attention(q, kv, kv)  # noqa: E731
+            fn = lambda q=q, kv=kv: torch.nn.functional.scaled_dot_product_attention(q, kv, kv)  # noqa: E731
             flops = 4 * 12 * 128 * (n_new * (prefix + n_new))
         t = timed(fn, reps=10)
         res[f"mfu_attn_prefill_prefix{prefix}"] = (flops / t) / args.peak_bf16
@@ -128,9 +128,9 @@ def main() -> None:
     # 6. host -> device, pinned, 1 GiB
     h = torch.empty(2**30, dtype=torch.uint8).pin_memory()
     d = torch.empty(2**30, dtype=torch.uint8, device=dev)
-    t = timed(lambda: d.copy_(h, non_blocking=True), reps=10)
+    t = timed(lambda d=d, h=h: d.copy_(h, non_blocking=True), reps=10)
     res["h2d_gbps"] = 2**30 / t / 1e9
-    t = timed(lambda: h.copy_(d, non_blocking=True), reps=10)
+    t = timed(lambda d=d, h=h: h.copy_(d, non_blocking=True), reps=10)
     res["d2h_gbps"] = 2**30 / t / 1e9
     del h, d
 

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest

@@ -4,7 +4,13 @@ import dataclasses
 
 import pytest
 
-from thunder_sgl.config import CONFIG_DIR, RouterConfig, SchedulerConfig, load_config, resolve_config_path
+from thunder_sgl.config import (
+    CONFIG_DIR,
+    RouterConfig,
+    SchedulerConfig,
+    load_config,
+    resolve_config_path,
+)
 from thunder_sgl.errors import ConfigError
 
 

@@ -221,7 +221,7 @@ class Monitor:
                     w.metrics_supported = False  # worker runs without --enable-metrics
         except asyncio.CancelledError:
             raise
-        except (aiohttp.ClientError, asyncio.TimeoutError, ParseError, ValueError, OSError) as e:
+        except (TimeoutError, aiohttp.ClientError, ParseError, ValueError, OSError) as e:
             w.fails += 1
             w.oks = 0
             w.last_error = f"poll: {type(e).__name__}: {e}"

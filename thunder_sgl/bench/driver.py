@@ -37,7 +37,13 @@ from thunder_sgl.bench.conversation import (
 )
 from thunder_sgl.bench.stats import ProgramRecord, StepRecord, WorkloadResult
 from thunder_sgl.bench.textgen import system_prompt
-from thunder_sgl.bench.workload import ProgramSource, ProgramSpec, StepSpec, WorkloadProfile, load_profile
+from thunder_sgl.bench.workload import (
+    ProgramSource,
+    ProgramSpec,
+    StepSpec,
+    WorkloadProfile,
+    load_profile,
+)
 
 log = logging.getLogger(__name__)
 

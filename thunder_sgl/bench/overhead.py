@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import time
 import urllib.request
 from dataclasses import asdict, dataclass

@@ -56,7 +56,7 @@ class SandboxTools:
                     self.sandboxes[program_id] = body["id"]
                 else:
                     self.errors[f"sandbox_create_{r.status}"] += 1
-        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        except (TimeoutError, aiohttp.ClientError) as e:
             self.errors[f"sandbox_create_{type(e).__name__}"] += 1
 
     async def run(self, program_id: str, step: StepSpec, real_seconds: float) -> None:
@@ -75,7 +75,7 @@ class SandboxTools:
                     await asyncio.sleep(real_seconds)
                 else:
                     self.errors[f"exec_{r.status}"] += 1
-        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        except (TimeoutError, aiohttp.ClientError) as e:
             self.errors[f"exec_{type(e).__name__}"] += 1
 
 
@@ -196,7 +196,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                     t.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await t
-            for k, n in enumerate(nodes):  # clear faults left armed
+            for n in nodes:  # clear faults left armed
                 await set_fault(s, n.url, stop_answering=False, added_latency_ms=0, failure_rate=0.0,
                                 die_mid_stream_after_tokens=None)
             await asyncio.sleep(3)  # releases propagate; sandbox teardown finishes

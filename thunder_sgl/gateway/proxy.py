@@ -127,7 +127,7 @@ async def _complete(gw: Gateway, inbound: Inbound, t: Ticket, resp: aiohttp.Clie
             gw.spawn(abort(gw, t, rid), f"abort {rid}")
             gw.finish(t, None)
         raise
-    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+    except (TimeoutError, aiohttp.ClientError) as e:
         gw.metrics.upstream_errors.labels("read").inc()
         gw.finish(t, None)
         raise UpstreamError(f"worker failed while answering: {type(e).__name__}: {e}", code="upstream_failed") from None
@@ -183,7 +183,7 @@ async def _relay(gw: Gateway, inbound: Inbound, t: Ticket, resp: aiohttp.ClientR
                     yield tail
                 ok = True
                 break
-            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            except (TimeoutError, aiohttp.ClientError) as e:
                 gw.metrics.upstream_errors.labels("stream").inc()
                 resp.close()
                 if sent or attempts_left <= 0:
@@ -219,5 +219,5 @@ async def abort(gw: Gateway, t: Ticket, rid: str) -> None:
         async with gw.session.post(b.worker_url + "/abort_request", json={"rid": rid},
                                    headers=gw.upstream_auth(), timeout=aiohttp.ClientTimeout(total=5)) as r:
             await r.read()
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+    except (TimeoutError, aiohttp.ClientError, OSError) as e:
         log.info("abort of %s on %s failed: %s", rid, b.worker_url, e)

@@ -143,7 +143,7 @@ def build_admin_router(gw: Gateway) -> APIRouter:
                 async with gw.session.post(url + "/flush_cache", headers=gw.upstream_auth(),
                                            timeout=aiohttp.ClientTimeout(total=30)) as r:
                     return url, r.status, (await r.text())[:200]
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            except (TimeoutError, aiohttp.ClientError, OSError) as e:
                 return url, 0, str(e)
 
         results = await asyncio.gather(*(one(w.url) for w in workers))

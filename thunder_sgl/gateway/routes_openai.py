@@ -16,8 +16,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from thunder_sgl.controller import Ticket
-from thunder_sgl.gateway import proxy
 from thunder_sgl.errors import ThunderError
+from thunder_sgl.gateway import proxy
 from thunder_sgl.gateway.http import check_key, error_response, read_body, wait_disconnect
 from thunder_sgl.gateway.inbound import parse_inbound
 from thunder_sgl.gateway.runtime import Gateway
