@@ -354,7 +354,7 @@ def from_dict(cls: type, data: dict[str, Any] | None, where: str = "") -> Any:
 
 def _coerce(hint: Any, value: Any, where: str) -> Any:
     origin = typing.get_origin(hint)
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         if not isinstance(value, dict):
             raise ConfigError(f"{where} must be a mapping")
         return from_dict(hint, value, where)
@@ -366,8 +366,7 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{where} must be a list")
-        args = typing.get_args(hint)
-        item = args[0]
+        item = typing.get_args(hint)[0]
         return tuple(_coerce(item, v, where) for v in value)
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -157,7 +157,8 @@ class Controller:
         estimate = self._estimate(p, t)
         if p.state is ProgramState.ACTIVE and self._gate_open(p, estimate):
             return self._dispatch(t, p, now, estimate)
-        return self._hold(t, p, now, estimate)
+        self._hold(t, p, now, estimate)
+        return None
 
     def finish(self, t: Ticket, now: float, usage: Usage | None) -> list[Ticket]:
         """A dispatched request ended (usage None: failed or aborted). Returns held tickets
@@ -335,7 +336,6 @@ class Controller:
             self.stats.gated += 1
         else:
             self._kick = True
-        return None
 
     def _drain_program(self, p: Program, now: float) -> list[Ticket]:
         q = self._held.get(p.id)

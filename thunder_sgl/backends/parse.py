@@ -112,7 +112,8 @@ def parse_loads(data: Any) -> list[RankLoad]:
     for i, e in enumerate(data["loads"]):
         if not isinstance(e, dict):
             raise ParseError("/v1/loads entry is not an object")
-        queues = e.get("queues") if isinstance(e.get("queues"), dict) else {}
+        q = e.get("queues")
+        queues: dict[str, Any] = q if isinstance(q, dict) else {}
         out.append(
             RankLoad(
                 dp_rank=int(_num(e, "dp_rank", default=float(i))),

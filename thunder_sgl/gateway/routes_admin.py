@@ -135,12 +135,13 @@ def build_admin_router(gw: Gateway) -> APIRouter:
     @router.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache(request: Request) -> JSONResponse:
         check_key(request, gw.admin_key, "admin key")
-        assert gw.session is not None
+        session = gw.session
+        assert session is not None
         workers = monitor().healthy_workers()
 
         async def one(url: str) -> tuple[str, int, str]:
             try:
-                async with gw.session.post(url + "/flush_cache", headers=gw.upstream_auth(),
+                async with session.post(url + "/flush_cache", headers=gw.upstream_auth(),
                                            timeout=aiohttp.ClientTimeout(total=30)) as r:
                     return url, r.status, (await r.text())[:200]
             except (TimeoutError, aiohttp.ClientError, OSError) as e:

@@ -52,7 +52,7 @@ class InferenceHandler:
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
         self.forwarded = frozenset(h.lower() for h in gw.settings.request_id_headers) | {"traceparent", "tracestate"}
-        self.counters = {}
+        self.counters: dict[tuple[str, int], Any] = {}
 
     async def __call__(self, request: Request, route: str) -> Response:
         gw = self.gw

@@ -91,8 +91,8 @@ class Gateway:
             self._loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
-        for t in list(self._bg):
-            t.cancel()
+        for task in list(self._bg):
+            task.cancel()
         if self.monitor:
             await self.monitor.close()
         # Answer every request still held: the router is going away.
