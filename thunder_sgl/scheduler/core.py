@@ -160,6 +160,8 @@ class ThunderPolicy:
         queue = []
         min_need = float("inf")
         for p in waiting:
+            if not p.admitted and not p.held:
+                continue  # known only by its sandbox so far: nothing to run, nothing to size
             since = p.waiting_since
             if since is None:
                 since = p.created_at
@@ -193,7 +195,7 @@ class ThunderPolicy:
             return [], None
         rooms = _Rooms(open_loads.values())
         queue, min_need = self._queue(waiting)
-        if rooms.best() < min_need:
+        if not queue or rooms.best() < min_need:
             return [], None
         heapq.heapify(queue)
         placements: list[Placement] = []

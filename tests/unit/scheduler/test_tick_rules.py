@@ -316,3 +316,12 @@ def test_stateless_requests_go_to_the_least_loaded_available_backend():
     b.live.waiting_reqs = 5
     assert least_loaded([a, b, c], 0.0, 10.0) is a
     assert least_loaded([c], 0.0, 10.0) is None
+
+
+def test_a_program_known_only_by_its_sandbox_is_not_admitted_before_its_first_request():
+    t = ProgramTable()
+    b = backend("b", 1000)
+    t.create("sandbox-first", 0.0)               # no request yet: no size, nothing to run
+    assert policy().tick(1.0, t, [b]).placements == ()
+    t.get("sandbox-first").hold(2.0, 300)        # its first request arrives
+    assert [p.program_id for p in policy().tick(2.0, t, [b]).placements] == ["sandbox-first"]
