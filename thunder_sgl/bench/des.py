@@ -108,6 +108,8 @@ class DesRun:
         self.counts = {"started": 0, "completed": 0, "failed": 0, "requests": 0, "answered": 0, "refused": 0,
                        "overflow": 0}
         self.window_steps = 0
+        self._warm: dict[str, float] | None = None
+        """Engine counters summed over workers when the window opened."""
         if router in BASELINES:
             self.router: ThunderRouter | StockRouter = StockRouter(self.workers, self.read, make_baseline(router, nodes))
         else:
@@ -260,6 +262,8 @@ class DesRun:
                     self._tool_end(a, t)
                 elif a.pid in self.agents:
                     self._issue(a, t)
+            if self._warm is None and t >= self.rec.warmup_s:
+                self._warm = self._engine_totals(t)
             if next_sample <= t:
                 self._sample(t)
                 next_sample = t + self.sample_every_s
@@ -273,6 +277,34 @@ class DesRun:
         self.final_ledger = self.ledger()
         self.drain()
         return result
+
+    def _engine_totals(self, t: float) -> dict[str, float]:
+        tot = {"t": t, "busy": 0.0, "retractions": 0.0, "prefill": 0.0, "evicted": 0.0}
+        for i in range(self.nodes):
+            w = self.read(i, t)
+            c = w.counters
+            tot["busy"] += c.busy_seconds
+            tot["retractions"] += c.retractions
+            tot["prefill"] += c.prefill_tokens
+            tot["evicted"] += w.evicted_tokens
+        return tot
+
+    def where_time_goes(self) -> dict[str, float]:
+        """Engine-side account of the window: GPU busy fraction, retractions, tokens prefilled
+        and evicted from HBM per step (call before ``drain``)."""
+        if self._warm is None:
+            return {}
+        end = self._engine_totals(self.now)
+        w = self._warm
+        ranks = self.nodes * self.cfg.server.dp_size
+        span = max(1e-9, end["t"] - w["t"])
+        steps = max(1, self.window_steps)
+        return {
+            "gpu_busy": (end["busy"] - w["busy"]) / (ranks * span),
+            "retractions": end["retractions"] - w["retractions"],
+            "prefill_per_step": (end["prefill"] - w["prefill"]) / steps,
+            "evicted_per_step": (end["evicted"] - w["evicted"]) / steps,
+        }
 
     def _sample(self, t: float) -> None:
         used, usage = [], []
@@ -325,7 +357,8 @@ class DesRun:
         s = self.rec.summary()
         prof = self.profile
         notes = (f"kv_imbalance_mean={s['kv_imbalance_mean']:.3f} held_requests={s['held_requests']} "
-                 f"started={self.counts['started']}")
+                 f"started={self.counts['started']} ")
+        notes += " ".join(f"{k}={v:.3g}" for k, v in self.where_time_goes().items())
         policy = getattr(self.router, "policy", None)
         if policy is not None and hasattr(policy, "decisions"):
             notes += " " + " ".join(f"{k}={v}" for k, v in policy.decisions.items())
