@@ -105,7 +105,9 @@ def test_progress_gets_snapshots_in_virtual_time() -> None:
     assert times == sorted(times) and times[0] == 0.0 and times[-1] >= 25.0
     snap = seen[-1][1]
     assert snap["phase"] == "measure" and snap["steps"] > 0 and len(snap["node_used"]) == 2
-    assert {"running", "in_flight", "held", "programs_completed", "steps_per_min"} <= set(snap)
+    assert {"running", "in_flight", "held", "programs_completed", "steps_per_min", "window_steps",
+            "prompt_tokens", "cached_tokens", "errors"} <= set(snap)
+    assert snap["prompt_tokens"] >= snap["cached_tokens"] > 0
 
 
 def test_unknown_router_names_the_valid_ones() -> None:

@@ -108,6 +108,7 @@ class DesRun:
         self.counts = {"started": 0, "completed": 0, "failed": 0, "requests": 0, "answered": 0, "refused": 0,
                        "overflow": 0}
         self.window_steps = 0
+        self.prompt_total = self.cached_total = 0
         self._warm: dict[str, float] | None = None
         """Engine counters summed over workers when the window opened."""
         if router in BASELINES:
@@ -205,6 +206,8 @@ class DesRun:
         self.counts["answered"] += 1
         recompute = max(0, min(a.computed, c.prompt_tokens) - c.cached_tokens)
         self.rec.calls.append((c.time, a.sent, c.prompt_tokens, c.cached_tokens, c.completion_tokens, recompute))
+        self.prompt_total += c.prompt_tokens
+        self.cached_total += c.cached_tokens
         a.computed = c.prompt_tokens + max(0, c.completion_tokens - 1)
         tool = a.spec.steps[a.step].tool_seconds
         a.attempt = 0
@@ -339,7 +342,8 @@ class DesRun:
         }
 
     def snapshot(self) -> dict[str, Any]:
-        """Live numbers for progress bars."""
+        """Live numbers for progress bars: counts since the start (``window_steps``: since the
+        warm-up ended), token totals of every answered call, programs and requests now."""
         rec = self.rec
         t = self.now
         steps = self.window_steps
@@ -350,7 +354,8 @@ class DesRun:
             "steps_per_min": 60.0 * steps / (t - rec.warmup_s) if t > rec.warmup_s else 0.0,
             "programs_started": self.counts["started"], "programs_completed": self.counts["completed"],
             "running": len(self.agents), "in_flight": len(self.by_rid), "held": self.router.held_count,
-            "node_used": mem,
+            "prompt_tokens": self.prompt_total, "cached_tokens": self.cached_total,
+            "errors": sum(rec.errors.values()), "node_used": mem,
         }
 
     def result(self) -> RunResult:
