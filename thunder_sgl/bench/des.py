@@ -282,11 +282,15 @@ class DesRun:
         return result
 
     def _engine_totals(self, t: float) -> dict[str, float]:
-        tot = {"t": t, "busy": 0.0, "retractions": 0.0, "prefill": 0.0, "evicted": 0.0}
+        tot = {"t": t, "busy": 0.0, "retractions": 0.0, "prefill": 0.0, "evicted": 0.0, "load_back": 0.0,
+               "decode_steps": 0.0, "generated": 0.0}
         for i in range(self.nodes):
             w = self.read(i, t)
             c = w.counters
             tot["busy"] += c.busy_seconds
+            tot["load_back"] += c.load_back_seconds
+            tot["decode_steps"] += c.decode_steps
+            tot["generated"] += c.generation_tokens
             tot["retractions"] += c.retractions
             tot["prefill"] += c.prefill_tokens
             tot["evicted"] += w.evicted_tokens
@@ -294,7 +298,8 @@ class DesRun:
 
     def where_time_goes(self) -> dict[str, float]:
         """Engine-side account of the window: GPU busy fraction, retractions, tokens prefilled
-        and evicted from HBM per step (call before ``drain``)."""
+        and evicted from HBM per step, HiCache load-back seconds per step, and the mean decode
+        batch (tokens generated per decode iteration) (call before ``drain``)."""
         if self._warm is None:
             return {}
         end = self._engine_totals(self.now)
@@ -307,6 +312,8 @@ class DesRun:
             "retractions": end["retractions"] - w["retractions"],
             "prefill_per_step": (end["prefill"] - w["prefill"]) / steps,
             "evicted_per_step": (end["evicted"] - w["evicted"]) / steps,
+            "load_back_s_per_step": (end["load_back"] - w["load_back"]) / steps,
+            "decode_batch": (end["generated"] - w["generated"]) / max(1.0, end["decode_steps"] - w["decode_steps"]),
         }
 
     def _sample(self, t: float) -> None:
