@@ -397,7 +397,7 @@ def router_retry_after(router: ThunderRouter | StockRouter) -> float:
 
 
 def run_des(
-    cluster: str,
+    cluster: str | SimConfig,
     nodes: int,
     router: str,
     profile: str | WorkloadProfile,
