@@ -299,18 +299,25 @@ class Controller:
 
     def _gate_open(self, p: Program, estimate: int) -> bool:
         """The HBM condition: reasoning KV on p's backend, with p, fits hbm_lambda × HBM."""
-        cfg = self.policy.cfg
-        if not cfg.tier_aware or p.backend is None:
+        if not self.policy.cfg.tier_aware or p.backend is None:
             return True
         b = self.backends.get(p.backend)
         if b is None:
             return False
-        reasoning = [q for q in self.programs.on_backend(p.backend) if q.in_flight and q is not p]
-        if not reasoning:
-            return True
-        used = sum(q.demand_tokens() + expected_output(q, cfg) for q in reasoning)
-        need = max(p.context_tokens, estimate) + expected_output(p, cfg)
-        return used + need <= cfg.hbm_lambda * b.tiers.hbm_tokens
+        used = self._reasoning_tokens(p.backend, exclude=p)
+        return used == 0 or used + self._need(p, estimate) <= self._hbm_limit(b)
+
+    def _reasoning_tokens(self, key: str, exclude: Program | None = None) -> float:
+        """KV the backend's reasoning programs hold or will hold (context + expected output)."""
+        cfg = self.policy.cfg
+        return sum(q.demand_tokens() + expected_output(q, cfg)
+                   for q in self.programs.on_backend(key) if q.in_flight and q is not exclude)
+
+    def _need(self, p: Program, estimate: int) -> float:
+        return max(p.context_tokens, estimate) + expected_output(p, self.policy.cfg)
+
+    def _hbm_limit(self, b: Backend) -> float:
+        return self.policy.cfg.hbm_lambda * b.tiers.hbm_tokens if self.policy.cfg.tier_aware else float("inf")
 
     def _dispatch(self, t: Ticket, p: Program, now: float, estimate: int) -> Backend:
         b = self.backends[p.backend]  # type: ignore[index]
@@ -337,32 +344,50 @@ class Controller:
         else:
             self._kick = True
 
-    def _drain_program(self, p: Program, now: float) -> list[Ticket]:
+    def _take(self, p: Program, now: float) -> tuple[Ticket, int] | None:
+        """Dispatch p's oldest held ticket (the caller checked the gate)."""
         q = self._held.get(p.id)
-        out = []
-        while q and p.state is ProgramState.ACTIVE and p.in_flight == 0:
-            t = q[0]
-            est = self._estimate(p, t)
-            if not self._gate_open(p, est):
-                break
-            q.popleft()
-            self._held_count -= 1
-            p.unhold()
-            self._dispatch(t, p, now, est)
-            out.append(t)
-        if q is not None and not q:
-            self._held.pop(p.id, None)
-        return out
+        if not q:
+            return None
+        t = q.popleft()
+        if not q:
+            del self._held[p.id]
+        self._held_count -= 1
+        p.unhold()
+        est = self._estimate(p, t)
+        self._dispatch(t, p, now, est)
+        return t, est
+
+    def _drain_program(self, p: Program, now: float) -> list[Ticket]:
+        """A just-placed program's held request, if the HBM gate lets it through."""
+        q = self._held.get(p.id)
+        if not q or p.state is not ProgramState.ACTIVE or p.in_flight:
+            return []
+        if not self._gate_open(p, self._estimate(p, q[0])):
+            return []
+        taken = self._take(p, now)
+        return [taken[0]] if taken else []
 
     def _drain_gated(self, b: Backend, now: float) -> list[Ticket]:
-        """Held tickets of active programs on ``b``, oldest first, while the HBM gate lets them."""
+        """Held tickets of active programs on ``b``, oldest first, while the HBM gate lets them
+        (one pass: the reasoning total is computed once and grows with each dispatch)."""
         if not self._held:
             return []
-        cands = [p for p in self.programs.on_backend(b.key) if p.held and p.id in self._held]
+        cands = [p for p in self.programs.on_backend(b.key) if p.held and not p.in_flight and p.id in self._held]
+        if not cands:
+            return []
         cands.sort(key=lambda p: self._held[p.id][0].created)
+        used = self._reasoning_tokens(b.key)
+        limit = self._hbm_limit(b)
         out: list[Ticket] = []
         for p in cands:
-            out.extend(self._drain_program(p, now))
+            need = self._need(p, self._estimate(p, self._held[p.id][0]))
+            if used > 0 and used + need > limit:
+                break  # the oldest waits first
+            taken = self._take(p, now)
+            if taken:
+                out.append(taken[0])
+                used += need
         return out
 
     def _expire(self, now: float) -> list[Ticket]:
