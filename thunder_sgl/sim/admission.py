@@ -14,24 +14,25 @@ from typing import TYPE_CHECKING
 
 from thunder_sgl.sim.request import PREFILL, RUNNING, WAITING, Completion, Req
 from thunder_sgl.sim.tiers import PrefixHit
-from thunder_sgl.sim.timing import load_back_seconds
+from thunder_sgl.sim.timing import load_back_seconds, storage_fetch_seconds
 
 if TYPE_CHECKING:  # pragma: no cover
     from thunder_sgl.sim.engine import Engine
 
 
-def schedule_prefill(e: Engine, t: float) -> tuple[list[tuple[Req, int]], float]:
+def schedule_prefill(e: Engine, t: float) -> tuple[list[tuple[Req, int]], tuple[float, float]]:
     """Pick this iteration's prefill work (SGLang's PrefillAdder, FCFS); returns the (request,
-    new tokens) chunks and the load-back seconds of their host/storage hits."""
+    new tokens) chunks and the load-back seconds of their host/storage hits: (host→device
+    copies, storage→host reads)."""
     if not e.waiting and e.chunked is None:
-        return [], 0.0
+        return [], (0.0, 0.0)
     s, cache, rf = e.cfg.server, e.cache, e.roofline
     clip = s.clip_max_new_tokens
     rem_chunk, rem_input = s.chunked_prefill_size, s.max_prefill_tokens
     # reserve: the running requests' expected output, plus this iteration's decode slots
     offset = e.ratio * sum(min(r.max_new - r.n_out, clip) for r in e.running) + len(e.running)
     items: list[tuple[Req, int]] = []
-    load_s = 0.0
+    load_s = fetch_s = 0.0
     hit_tokens = new_tokens = 0
     c = e.chunked
     if c is not None:
@@ -67,7 +68,9 @@ def schedule_prefill(e: Engine, t: float) -> tuple[list[tuple[Req, int]], float]
             if e._ensure_free(hit.load_tokens):
                 cache.promote(hit)
                 dt = load_back_seconds(rf, hit.host_tokens, hit.storage_tokens)
-                load_s += dt
+                fs = storage_fetch_seconds(rf, hit.storage_tokens)
+                load_s += dt - fs
+                fetch_s += fs
                 e.counters.load_back_seconds += dt
                 e.hist_load_back.observe(dt)
                 e.counters.load_back_ops += 1
@@ -100,7 +103,7 @@ def schedule_prefill(e: Engine, t: float) -> tuple[list[tuple[Req, int]], float]
             break
     if hit_tokens + new_tokens:
         e._hit_rate = hit_tokens / (hit_tokens + new_tokens)
-    return items, load_s
+    return items, (load_s, fetch_s)
 
 
 def retract(e: Engine, t: float, out: list[Completion]) -> None:

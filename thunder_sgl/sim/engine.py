@@ -231,12 +231,12 @@ class Engine:
         if self.running and self._free() + self.cache.evictable < len(self.running):
             retract(self, t, out)
         self._head_path = []
-        items, load_s = schedule_prefill(self, t)
+        items, loads = schedule_prefill(self, t)
         if not items and not self.running and self.chunked is not None:
             release(self, self.chunked)  # a chunked prefill that cannot get KV: start it over
             self.waiting.appendleft(self.chunked)
             self.chunked = None
-            items, load_s = schedule_prefill(self, t)
+            items, loads = schedule_prefill(self, t)
         decode = list(self.running)
         b = len(decode)
         if not items and not b:
@@ -250,7 +250,7 @@ class Engine:
         if items:
             self._ensure_free(sum(n for _, n in items) + b)
             prefill_s = sum(prefill_seconds(rf, n, r.kv_len) for r, n in items)
-            a, q, steps = iteration_seconds(rf, b, kv, prefill_s, load_s), 0.0, 1
+            a, q, steps = iteration_seconds(rf, b, kv, prefill_s, *loads), 0.0, 1
         else:
             steps = min(left, (self._free() + self.cache.evictable) // b)
             if (self.waiting or self.chunked is not None) and may_admit_during_span(self, b):

@@ -126,14 +126,25 @@ def prefill_seconds(r: Roofline, new_tokens: int, prefix: int) -> float:
 
 def load_back_seconds(r: Roofline, host_tokens: int, storage_tokens: int) -> float:
     """Host→device copy of host hits; L3 hits are read into host first, then copied."""
-    b = r.kv_bytes
-    return (host_tokens + storage_tokens) * b / r.h2d_bw + storage_tokens * b / r.storage_bw
+    return h2d_seconds(r, host_tokens + storage_tokens) + storage_fetch_seconds(r, storage_tokens)
 
 
-def iteration_seconds(r: Roofline, batch: int, kv_tokens: int, prefill_s: float, load_s: float) -> float:
+def h2d_seconds(r: Roofline, tokens: int) -> float:
+    """Host→device copy of ``tokens`` of KV (the part SGLang overlaps with the forward pass)."""
+    return tokens * r.kv_bytes / r.h2d_bw
+
+
+def storage_fetch_seconds(r: Roofline, tokens: int) -> float:
+    """Storage→host read of L3 hits (done before the iteration: never hidden behind compute)."""
+    return tokens * r.kv_bytes / r.storage_bw
+
+
+def iteration_seconds(r: Roofline, batch: int, kv_tokens: int, prefill_s: float, load_s: float,
+                      fetch_s: float = 0.0) -> float:
     """One iteration: a decode step of ``batch`` requests (if any), the prefill chunks of this
-    iteration, and the part of load-back not hidden behind compute."""
+    iteration, the part of the host→device load-back ``load_s`` not hidden behind compute
+    (layer-wise overlap), and the storage→host reads ``fetch_s`` in full."""
     base = decode_step(r, batch, kv_tokens) if batch > 0 else r.t_fixed
     compute = base - r.t0 + prefill_s
     hidden = min(load_s, r.load_overlap * compute)
-    return base + prefill_s + load_s - hidden
+    return base + prefill_s + load_s - hidden + fetch_s
