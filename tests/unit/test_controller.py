@@ -14,6 +14,7 @@ from thunder_sgl.programs import Phase, ProgramState, Usage
 
 
 def make(hbm: int = 10_000, n: int = 1, **sched) -> Controller:
+    sched.setdefault("hbm_lambda", 1.0)  # the gate at exactly HBM, so the arithmetic below is plain
     cfg = RouterConfig(scheduler=SchedulerConfig(default_output_tokens=100, **sched))
     c = Controller(cfg)
     for i in range(n):

@@ -247,7 +247,7 @@ def test_hbm_condition_gates_held_requests_in_tier_aware_mode_only():
     b = backend("b", 1000, host=4000, inclusive=False)  # pool 5000, HBM 1000
     active(t, "r", b, 700, reasoning=True)              # reasoning KV 700 + 1 expected output
     paused(t, "p", b, 300, held=1)
-    assert policy().tick(1.0, t, [b]).placements == ()  # 701 + 301 > 1000 HBM (pool 5000 has room)
+    assert policy(hbm_lambda=1.0).tick(1.0, t, [b]).placements == ()  # 701 + 301 > 1000 HBM (pool 5000 has room)
     # The paper variant sees only HBM as the pool (700 + 300 <= 1000) and no gate.
     assert len(policy(tier_aware=False).tick(1.0, t, [b]).placements) == 1
 
