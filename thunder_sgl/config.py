@@ -35,11 +35,13 @@ class SchedulerConfig:
     max_decay_ticks: int = 64
     """Ticks after which an acting program's weight is taken as exactly 0."""
 
-    lambda_max: float = 1.0
-    """High watermark: pause when demand exceeds lambda_max × pool."""
+    lambda_max: float = 0.95
+    """High watermark: pause when demand exceeds lambda_max × pool. Below 1: the engine needs
+    room for decode growth between ticks (the paper uses 1; see bench/results/tuning)."""
 
-    lambda_min: float = 1.0
-    """Low watermark: restore only while demand is below lambda_min × pool."""
+    lambda_min: float = 0.85
+    """Low watermark: restore only while demand is below lambda_min × pool. The gap to
+    lambda_max is room for the active programs' growth: it halves pause/restore churn."""
 
     hbm_lambda: float = 1.2
     """Reasoning programs' KV (context + expected output) must fit hbm_lambda × HBM. Above 1

@@ -14,7 +14,9 @@ from thunder_sgl.programs import Phase, ProgramState, Usage
 
 
 def make(hbm: int = 10_000, n: int = 1, **sched) -> Controller:
-    sched.setdefault("hbm_lambda", 1.0)  # the gate at exactly HBM, so the arithmetic below is plain
+    sched.setdefault("hbm_lambda", 1.0)  # the gate at exactly HBM, watermarks at the pool:
+    sched.setdefault("lambda_max", 1.0)  # the arithmetic below stays plain
+    sched.setdefault("lambda_min", 1.0)
     cfg = RouterConfig(scheduler=SchedulerConfig(default_output_tokens=100, **sched))
     c = Controller(cfg)
     for i in range(n):

@@ -2,7 +2,8 @@
 
 ``POLICIES`` is the one registry: a name maps to a function that adjusts the scheduler
 config. ``thunder`` is the full tier-aware policy; ``thunder-paper`` is the method exactly as
-the ThunderAgent paper describes it (pool = HBM only, no HBM gate), kept as a baseline.
+the ThunderAgent paper describes it (pool = HBM only, no HBM gate, λ_max = λ_min = 1), kept as
+a baseline.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from thunder_sgl.scheduler.core import ThunderPolicy
 
 POLICIES: dict[str, Callable[[SchedulerConfig], SchedulerConfig]] = {
     "thunder": lambda cfg: cfg,
-    "thunder-paper": lambda cfg: dataclasses.replace(cfg, tier_aware=False),
+    # The paper's method as published: pool = HBM, no HBM gate, both watermarks at 1.
+    "thunder-paper": lambda cfg: dataclasses.replace(cfg, tier_aware=False, lambda_max=1.0, lambda_min=1.0),
 }
 
 

@@ -163,11 +163,12 @@ def test_every_paused_program_is_restored_within_bounded_ticks(sizes, hbm, free_
     inclusive=st.booleans(),
 )
 def test_a_workload_that_fits_hbm_plus_host_causes_no_pauses_but_does_without_host(sizes, slack, inclusive):
+    cfg = SchedulerConfig()
     total = sum(sizes)
+    room = total * slack / cfg.lambda_max   # a pool whose high watermark holds the workload
     hbm = int(total / (2 * slack))      # HBM alone holds at most half of the workload
     # write_back (exclusive): host adds to HBM; write_through (inclusive): host must hold it all.
-    host = int(total * slack) - hbm if not inclusive else int(total * slack)
-    cfg = SchedulerConfig()
+    host = int(room) - hbm if not inclusive else int(room)
 
     def run(host_tokens: int) -> int:
         b = backend("b", hbm, host_tokens, inclusive=inclusive)

@@ -20,6 +20,8 @@ def policy(**kw) -> ThunderPolicy:
     256), so that with HBM = pool the HBM condition coincides with the pool condition unless
     a test is about it."""
     kw.setdefault("default_output_tokens", 1)
+    kw.setdefault("lambda_max", 1.0)  # the paper's watermarks: limits equal the pool, plain arithmetic
+    kw.setdefault("lambda_min", 1.0)
     return ThunderPolicy(dataclasses.replace(CFG, **kw))
 
 
@@ -280,7 +282,7 @@ def test_stale_monitored_backend_counts_as_full():
     b.live.updated_at = 0.0
     active(t, "idle", b, 100)
     new(t, "n", 100)
-    d = ThunderPolicy(CFG, stale_after=10.0).tick(11.0, t, [b])
+    d = ThunderPolicy(policy().cfg, stale_after=10.0).tick(11.0, t, [b])
     assert d.pauses == ("idle",) and d.placements == ()
 
 
