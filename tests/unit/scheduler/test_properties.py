@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sched_scenarios import active, backend, naive_demand, new, paused
@@ -165,7 +167,7 @@ def test_every_paused_program_is_restored_within_bounded_ticks(sizes, hbm, free_
 def test_a_workload_that_fits_hbm_plus_host_causes_no_pauses_but_does_without_host(sizes, slack, inclusive):
     cfg = SchedulerConfig()
     total = sum(sizes)
-    room = total * slack / cfg.lambda_max   # a pool whose high watermark holds the workload
+    room = math.ceil(total * slack / cfg.lambda_max) + 1   # a pool whose high watermark holds it all
     hbm = int(total / (2 * slack))      # HBM alone holds at most half of the workload
     # write_back (exclusive): host adds to HBM; write_through (inclusive): host must hold it all.
     host = int(room) - hbm if not inclusive else int(room)
