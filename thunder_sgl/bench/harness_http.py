@@ -53,6 +53,11 @@ HELD = "thunder_held_wait_seconds"
 ENGINE_E2E = "sglang:e2e_request_latency_seconds"
 MAX_MEMORY_SAMPLES = 1500
 CLEAN_TIMEOUT_S = 90.0
+KEEP_UP_SHARE = 0.10
+"""A run kept up when requests spent less than this share of their latency outside the engine
+and thunder's hold (client, router and event-loop delays) ..."""
+KEEP_UP_LAG_S = 0.25
+"""... and this process's event loop was late by less than this (p99, wall seconds)."""
 
 RouterStarter = Callable[[list[str], float, Path], Proc]
 
@@ -122,10 +127,12 @@ class _Scrape:
     cpu: dict[str, float] = field(default_factory=dict)
 
 
-def http_run(cluster: HttpCluster, plan: RunPlan, progress: Progress, keep_logs: Path) -> RunResult:
+def http_run(cluster: HttpCluster, plan: RunPlan, progress: Progress, keep_logs: Path,
+             diagnostics: dict[str, Any] | None = None) -> RunResult:
     """One measured run; never raises for a failure of the run itself (the result says so and
     the sim and router logs are copied to ``keep_logs``). KeyboardInterrupt propagates after
-    the router is stopped."""
+    the router is stopped. ``diagnostics``, when given, receives whether the processes kept up
+    (``keeps_up``, ``outside_share``, ``lag_p99_s``, ``cpu``)."""
     run_logs = cluster.log_dir / f"{plan.router}-N{plan.programs}"
     result = RunResult(router=plan.router, mode="http", programs=plan.programs,
                        profile=plan.profile.name, seed=plan.seed, window_s=plan.duration_s,
@@ -142,7 +149,9 @@ def http_run(cluster: HttpCluster, plan: RunPlan, progress: Progress, keep_logs:
         progress.status("starting router")
         router = start_router(plan.router, sim.urls, plan.time_scale, run_logs)
         work, warm, end, samples, lag = asyncio.run(_measure(sim, router, plan, progress))
-        _fill(result, plan, work, warm, end, samples, lag)
+        diag = _fill(result, plan, work, warm, end, samples, lag)
+        if diagnostics is not None:
+            diagnostics.update(diag)
         if not router.alive():
             _fail(result, f"router exited during the run (code {router.popen.returncode})")
         elif not sim.alive():
@@ -222,7 +231,7 @@ async def _measure(sim: Proc, router: Proc, plan: RunPlan, progress: Progress
 
 
 def _fill(r: RunResult, plan: RunPlan, work: WorkloadResult, warm: _Scrape, end: _Scrape,
-          samples: list[tuple[float, list[float]]], lags: list[float]) -> None:
+          samples: list[tuple[float, list[float]]], lags: list[float]) -> dict[str, Any]:
     s = work.summary()
     scale = plan.time_scale
     r.window_s = s["window_sim_s"]
@@ -247,20 +256,27 @@ def _fill(r: RunResult, plan: RunPlan, work: WorkloadResult, warm: _Scrape, end:
         counts = {k: parse_counter(end.router, f"thunder_{k}") - parse_counter(warm.router, f"thunder_{k}")
                   for k in ("pauses", "restores", "migrations", "held")}
         notes.append(", ".join(f"{k} {v:.0f}" for k, v in counts.items()))
+    diag: dict[str, Any] = {"outside_share": 0.0, "lag_p99_s": 0.0, "cpu": {}}
     engine = _engine_delta(warm, end)
     calls = [x for x in work.steps if x.ok and work.warmup_s <= x.end_s <= work.wall_s]
-    if engine is not None and calls:
-        lat = sum(x.latency_s for x in calls)
-        over = overhead_per_request(lat, len(calls), engine.sum / scale, held.sum) * scale
-        share = over / (lat * scale / len(calls))
+    if engine is not None and engine.count > 0 and calls:
+        client_mean = sum(x.latency_s for x in calls) / len(calls)
+        over = overhead_per_request(client_mean, 1, engine.mean / scale, held.sum / len(calls)) * scale
+        diag["outside_share"] = share = over / (client_mean * scale)
         notes.append(f"outside engine+hold {over:.2f} s/request ({share:.0%} of step latency)")
     wall = end.wall - warm.wall
     if wall > 0 and warm.cpu:
-        notes.append("CPU " + " ".join(f"{k} {100 * (end.cpu[k] - warm.cpu[k]) / wall:.0f}%" for k in end.cpu))
+        diag["cpu"] = {k: (end.cpu[k] - warm.cpu[k]) / wall for k in end.cpu}
+        notes.append("CPU " + " ".join(f"{k} {100 * v:.0f}%" for k, v in diag["cpu"].items()))
     if lags:
         lags.sort()
-        notes.append(f"client loop lag p99 {1000 * lags[int(0.99 * (len(lags) - 1))]:.0f} ms")
+        diag["lag_p99_s"] = lags[int(0.99 * (len(lags) - 1))]
+        notes.append(f"client loop lag p99 {1000 * diag['lag_p99_s']:.0f} ms")
+    diag["keeps_up"] = keeps_up = diag["outside_share"] < KEEP_UP_SHARE and diag["lag_p99_s"] < KEEP_UP_LAG_S
+    if not keeps_up:
+        notes.append("PROCESSES DID NOT KEEP UP: lower --time-scale")
     r.notes = "; ".join(notes)
+    return diag
 
 
 def _engine_delta(warm: _Scrape, end: _Scrape) -> Histogram | None:

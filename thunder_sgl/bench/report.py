@@ -244,6 +244,47 @@ def plot_memory(r: RunResult, path: Path, warmup_s: float | None = None) -> Path
     return Path(path)
 
 
+def plot_comparison(results: Sequence[RunResult], path: Path, warmup_s: float | None = None) -> Path:
+    """Routers side by side at one configuration: steps/min, KV hit rate, completion time and
+    recompute as bars, and HBM use over time (mean over nodes) below."""
+    plt = _pyplot()
+    runs = [r for r in results if not failed(r)]
+    names = [r.router for r in runs]
+    colors = [f"C{i}" for i in range(len(runs))]
+    fig = plt.figure(figsize=(12, 7))
+    grid = fig.add_gridspec(2, 4, height_ratios=[1, 1.1])
+    bars = (("steps / simulated min", [r.steps_per_min for r in runs], "{:.0f}"),
+            ("KV hit rate (%)", [100 * r.kv_hit_rate for r in runs], "{:.0f}%"),
+            ("recompute (M tokens)", [r.recompute_tokens / 1e6 for r in runs], "{:.1f}"),
+            ("program completion p50 (s)", [r.program_completion_p50_s for r in runs], "{:.0f}"))
+    for i, (title, ys, fmt) in enumerate(bars):
+        ax = fig.add_subplot(grid[0, i])
+        ax.bar(range(len(ys)), ys, color=colors)
+        for x, y in enumerate(ys):
+            ax.annotate(fmt.format(y), (x, y), ha="center", va="bottom", fontsize=9)
+        ax.set_xticks(range(len(ys)), names, rotation=15, fontsize=8)
+        ax.set_title(title, fontsize=10)
+        ax.margins(y=0.15)
+    ax = fig.add_subplot(grid[1, :])
+    for r, c in zip(runs, colors, strict=True):
+        ax.plot([t for t, _ in r.memory], [100 * sum(v) / max(1, len(v)) for _, v in r.memory],
+                color=c, lw=1, label=r.router)
+    if warmup_s:
+        ax.axvline(warmup_s, color="grey", ls=":", label="end of warm-up")
+    ax.set_xlabel("simulated seconds")
+    ax.set_ylabel("HBM in use / capacity (%)")
+    ax.set_ylim(0, 105)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    if runs:
+        r = runs[0]
+        fig.suptitle(f"{r.profile}, N = {r.programs} programs on {r.nodes} × {r.cluster}", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
 def write_report(results: Sequence[RunResult], out_dir: str | Path,
                  meta: dict[str, Any] | None = None, plots: bool = True) -> list[Path]:
     """Every report file of a sweep into ``out_dir`` (the PNGs only with ``plots``); returns
