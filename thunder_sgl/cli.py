@@ -82,6 +82,8 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", default="", help="results directory name (default: <profile>-<cluster>-<nodes>n-<mode>)")
     p.add_argument("--out", type=Path, default=d.out, help="parent of the results directory")
     p.add_argument("--sample-every", type=float, default=d.sample_every_s, help="per-node memory sampling, simulated seconds")
+    p.add_argument("--router-arg", action="append", default=[], metavar="ROUTER=ARGS",
+                   help="http mode: extra arguments of one router, e.g. thunder='--thunder-lambda-max 0.9' (repeatable)")
     p.add_argument("--report-only", metavar="DIR", type=Path, default=None,
                    help="rebuild results.csv/.md and the plots of DIR from its results.json, run nothing")
 
@@ -96,10 +98,14 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
         return 0
     routers = tuple(r.strip() for r in args.routers.split(",") if r.strip())
     try:
+        router_args = tuple(tuple(x.split("=", 1)) for x in args.router_arg)
+        if any(len(x) != 2 for x in router_args):
+            raise ValueError("--router-arg takes ROUTER=ARGS")
         spec = BenchSpec(cluster=args.cluster, nodes=args.nodes, programs=tuple(args.programs),
                          profile=args.profile, routers=routers, duration_s=args.duration,
                          warmup_s=args.warmup, time_scale=args.time_scale, seed=args.seed,
-                         mode=args.mode, name=args.name, out=args.out, sample_every_s=args.sample_every)
+                         mode=args.mode, name=args.name, out=args.out, sample_every_s=args.sample_every,
+                         router_args=router_args)  # type: ignore[arg-type]
     except ValueError as e:
         print(f"thunder-sgl bench: {e}", file=sys.stderr)
         return 2

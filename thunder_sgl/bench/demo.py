@@ -137,7 +137,7 @@ def _one(cluster: HttpCluster, router: str, programs: int, profile: WorkloadProf
     total = run_wall * scale
     warm = _warmup(total)
     plan = RunPlan(router, programs, profile, warm, total - warm, scale, seed, 5.0,
-                   {"cluster": cluster_name, "nodes": nodes})
+                   base={"cluster": cluster_name, "nodes": nodes})
     diag: dict[str, Any] = {}
     t = time.monotonic()
     r = http_run(cluster, plan, progress, out / "logs", diag)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import platform
+import shlex
 import shutil
 import tempfile
 import time
@@ -69,6 +70,9 @@ class BenchSpec:
     out: Path = Path("bench/results")
     sample_every_s: float = 5.0
     """Per-node memory sampling interval."""
+    router_args: tuple[tuple[str, str], ...] = ()
+    """HTTP mode: extra command-line arguments per router, ``(("thunder", "--thunder-lambda-max
+    0.9"), …)`` (shell-quoted); recorded in the results' meta."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -78,6 +82,8 @@ class BenchSpec:
             raise ValueError(f"unknown router(s) {', '.join(unknown)}; valid: {', '.join(ROUTERS)}")
         if not self.routers or not self.programs or min(self.programs) < 1:
             raise ValueError("need at least one router and concurrencies >= 1")
+        if any(r not in self.routers for r, _ in self.router_args):
+            raise ValueError("router_args names a router that is not in the sweep")
         if self.nodes < 1 or self.duration_s <= 0 or self.warmup_s < 0 or self.time_scale <= 0:
             raise ValueError("need nodes >= 1, duration > 0, warmup >= 0, time scale > 0")
 
@@ -92,6 +98,9 @@ class BenchSpec:
     @property
     def results_dir(self) -> Path:
         return Path(self.out) / self.results_name
+
+    def args_of(self, router: str) -> tuple[str, ...]:
+        return tuple(a for r, text in self.router_args if r == router for a in shlex.split(text))
 
     def wall_estimate_s(self) -> float:
         """HTTP mode: wall seconds of the measured parts (start-up and cleaning not counted)."""
@@ -172,8 +181,8 @@ class _HttpRunner:
 
         s = self.spec
         plan = RunPlan(router, programs, self.profile, s.warmup_s, s.duration_s, s.time_scale, s.seed,
-                       s.sample_every_s, {"cluster": s.cluster_name, "nodes": s.nodes,
-                                          "ideal_steps_per_min": ideal})
+                       s.sample_every_s, s.args_of(router),
+                       {"cluster": s.cluster_name, "nodes": s.nodes, "ideal_steps_per_min": ideal})
         r = http_run(self.cluster, plan, progress, self.out / "logs")
         progress.end_run(r)
         return r

@@ -59,25 +59,31 @@ and thunder's hold (client, router and event-loop delays) ..."""
 KEEP_UP_LAG_S = 0.25
 """... and this process's event loop was late by less than this (p99, wall seconds)."""
 
-RouterStarter = Callable[[list[str], float, Path], Proc]
+RouterStarter = Callable[[list[str], float, Path, list[str]], Proc]
 
 ROUTER_STARTERS: dict[str, RouterStarter] = {
-    "thunder": lambda urls, scale, logs: start_thunder(urls, scale, "tier-aware", log_dir=logs),
-    "thunder-paper": lambda urls, scale, logs: start_thunder(urls, scale, "paper", log_dir=logs,
-                                                             name="thunder-paper"),
-    "sglang-cache_aware": lambda urls, scale, logs: start_stock(urls, "cache_aware", "sglang_router", log_dir=logs),
-    "sglang-round_robin": lambda urls, scale, logs: start_stock(urls, "round_robin", "sglang_router", log_dir=logs),
-    "smg-cache_aware": lambda urls, scale, logs: start_stock(urls, "cache_aware", "smg", log_dir=logs),
+    "thunder": lambda urls, scale, logs, extra: start_thunder(
+        urls, scale, "tier-aware", extra=extra, log_dir=logs),
+    "thunder-paper": lambda urls, scale, logs, extra: start_thunder(
+        urls, scale, "paper", extra=extra, log_dir=logs, name="thunder-paper"),
+    "sglang-cache_aware": lambda urls, scale, logs, extra: start_stock(
+        urls, "cache_aware", "sglang_router", extra=extra, log_dir=logs),
+    "sglang-round_robin": lambda urls, scale, logs, extra: start_stock(
+        urls, "round_robin", "sglang_router", extra=extra, log_dir=logs),
+    "smg-cache_aware": lambda urls, scale, logs, extra: start_stock(
+        urls, "cache_aware", "smg", extra=extra, log_dir=logs),
 }
-"""How each router under test (``results.ROUTERS``) is started in front of the workers."""
+"""How each router under test (``results.ROUTERS``) is started in front of the workers; the
+last argument is extra command-line arguments for that router."""
 
 
-def start_router(name: str, urls: list[str], time_scale: float, log_dir: Path) -> Proc:
+def start_router(name: str, urls: list[str], time_scale: float, log_dir: Path,
+                 extra: list[str] | None = None) -> Proc:
     try:
         starter = ROUTER_STARTERS[name]
     except KeyError:
         raise ValueError(f"unknown router {name!r}; valid: {', '.join(ROUTER_STARTERS)}") from None
-    return starter(urls, time_scale, log_dir)
+    return starter(urls, time_scale, log_dir, list(extra or []))
 
 
 @dataclass
@@ -115,6 +121,8 @@ class RunPlan:
     time_scale: float
     seed: int
     sample_every_s: float = 5.0
+    router_args: tuple[str, ...] = ()
+    """Extra command-line arguments of the router."""
     base: dict[str, Any] = field(default_factory=dict)
     """RunResult fields fixed by the sweep (cluster, nodes, ideal_steps_per_min)."""
 
@@ -147,7 +155,7 @@ def http_run(cluster: HttpCluster, plan: RunPlan, progress: Progress, keep_logs:
         progress.status("cleaning cluster")
         asyncio.run(_clean(sim.urls))
         progress.status("starting router")
-        router = start_router(plan.router, sim.urls, plan.time_scale, run_logs)
+        router = start_router(plan.router, sim.urls, plan.time_scale, run_logs, list(plan.router_args))
         work, warm, end, samples, lag = asyncio.run(_measure(sim, router, plan, progress))
         diag = _fill(result, plan, work, warm, end, samples, lag)
         if diagnostics is not None:
