@@ -218,12 +218,9 @@ def _des_run(spec: BenchSpec, profile: WorkloadProfile, router: str, programs: i
     return r
 
 
-def _des_progress(progress: Progress) -> Callable[..., None]:
-    def update(*args: Any, **kw: Any) -> None:
-        info = dict(zip(("sim_s", "steps", "prompt", "cached", "errors"), args, strict=False)) | kw
-        progress.des_update(float(info.get("sim_s", info.get("sim_time", 0.0))), int(info.get("steps", 0)),
-                            int(info.get("prompt", info.get("prompt_tokens", 0))),
-                            int(info.get("cached", info.get("cached_tokens", 0))), int(info.get("errors", 0)))
+def _des_progress(progress: Progress) -> Callable[[float, dict[str, Any]], None]:
+    def update(sim_s: float, snapshot: dict[str, Any]) -> None:
+        progress.des_update(sim_s, snapshot)
     return update
 
 

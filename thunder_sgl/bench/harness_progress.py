@@ -103,13 +103,17 @@ class Progress:
             else:
                 row.errors += 1
 
-    def des_update(self, sim_s: float, steps: int, prompt: int = 0, cached: int = 0,
-                   errors: int = 0) -> None:
-        """Progress of an in-process (DES) run, cumulative since its start."""
+    def des_update(self, sim_s: float, snapshot: dict[str, Any]) -> None:
+        """``run_des``'s ``progress(sim_time, snapshot)``: cumulative numbers of a DES run."""
         row = self.current
         if row is None:
             return
-        row.sim_s, row.steps_all, row.prompt, row.cached, row.errors = sim_s, steps, prompt, cached, errors
+        row.sim_s = sim_s
+        row.steps_all = int(snapshot.get("steps", row.steps_all))
+        row.steps_window = int(snapshot.get("window_steps", row.steps_window))
+        row.prompt = int(snapshot.get("prompt_tokens", row.prompt))
+        row.cached = int(snapshot.get("cached_tokens", row.cached))
+        row.errors = int(snapshot.get("errors", row.errors))
 
     def tick(self) -> None:
         """Called by the harness a few times a second while a run is live."""
