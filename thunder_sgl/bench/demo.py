@@ -141,9 +141,18 @@ def _one(cluster: HttpCluster, router: str, programs: int, profile: WorkloadProf
     diag: dict[str, Any] = {}
     t = time.monotonic()
     r = http_run(cluster, plan, progress, out / "logs", diag)
+    r.ideal_steps_per_min = _ideal(cluster, profile, programs)
     r.wall_s = time.monotonic() - t
     progress.end_run(r)
     return r, diag
+
+
+def _ideal(cluster: HttpCluster, profile: WorkloadProfile, programs: int) -> float:
+    try:
+        from thunder_sgl.bench.ideal import ideal_steps_per_min
+    except ImportError:
+        return 0.0
+    return ideal_steps_per_min(cluster.config, cluster.nodes, profile, programs)
 
 
 def _plots(results: list[RunResult], out: Path, warmup_s: float) -> Path:
@@ -176,7 +185,9 @@ def _verdict(results: list[RunResult]) -> str:
         return "no comparison: a run failed (see the notes in results.md)"
     return (f"thunder: {a.steps_per_min / b.steps_per_min:.2f}× the steps/min of sglang_router cache_aware, "
             f"KV hit rate {a.kv_hit_rate:.0%} vs {b.kv_hit_rate:.0%} "
-            f"({a.window_s / 60:.1f} simulated minutes measured per router, after the warm-up)")
+            f"({a.window_s / 60:.1f} simulated minutes measured per router, after the warm-up)"
+            + (f"; physical bound (calibration.md §10): {a.ideal_steps_per_min:.0f} steps/min"
+               if a.ideal_steps_per_min else ""))
 
 
 def _argv(args: argparse.Namespace) -> str:
