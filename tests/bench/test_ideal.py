@@ -82,6 +82,7 @@ def test_hicache_ceiling_is_reported_separately() -> None:
     anchor = ideal_bound(GLM, 1, "mini-swe-agent", 200)
     assert b.steps_per_min == pytest.approx(anchor.steps_per_min, rel=1e-6)  # anchor: retention
     assert b.hicache_steps_per_min is not None and b.t_load > 0
+    assert b.hicache_steps_per_min >= b.steps_per_min and b.host_point is not None
     forced = ideal_bound(GLM, 1, "mini-swe-agent", 200, hicache=True)
     assert forced.hicache_steps_per_min is not None
 

@@ -30,7 +30,9 @@ HiCache (§10, "with HiCache"): the anchor stays (2) with Z (acting programs ret
 The offload ceiling is reported separately: acting programs demoted to host and reloaded,
 t_load = c̄·b_kv / BW_h2d added to each step's serial GPU time (the simulator adds load-back to
 its iteration in full at ``load_back_overlap`` 0), (2) with t_load in place of Z, the host tier
-holding every program's context (write-through), and X·c̄·b_kv ≤ BW_h2d.
+holding every program's context (write-through), and X·c̄·b_kv ≤ BW_h2d. The ceiling is the
+better of retention and offload (``host_point`` is the offload solution alone): offloading costs
+t_load per step, which the simulator does not hide, so below capacity retention wins.
 """
 
 from __future__ import annotations
@@ -183,7 +185,7 @@ class IdealBound:
     closed_form_per_min: float
     """(C/c̄ with sharing) / (Ō·τ_full + Δ̄/Π + Z), the doc's KV-bound closed form."""
     hicache_steps_per_min: float | None = None
-    """The offload ceiling (None without a host tier)."""
+    """The HiCache ceiling: the better of retention and offload (None without a host tier)."""
     t_load: float = 0.0
     host_point: Point | None = None
 
@@ -239,7 +241,7 @@ def ideal_from_inputs(
         host_point = _solve(r, n=min(programs, n_host), n_res=n_res, c_bar=c_bar, output=output,
                             tool=tool, resid=t_load, serial=serial, r_min=r_min + t_load, b_cap=b_cap,
                             x_cap=r.h2d_bw / (c_bar * cfg.kv_bytes_per_token))
-        hc = 60.0 * replicas * host_point.x
+        hc = 60.0 * replicas * max(point.x, host_point.x)  # retaining stays possible with HiCache
     return IdealBound(
         steps_per_min=60.0 * replicas * point.x, replicas=replicas, programs_per_replica=programs,
         capacity=cap, resident=n_res, c_bar=c_bar, output=output, new_prompt=new_prompt, tool=tool,
