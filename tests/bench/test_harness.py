@@ -88,3 +88,17 @@ def test_ctrl_c_stops_every_process(tmp_path):
     alive = [pid for pid in tagged if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"left running: {alive}"
     assert (tmp_path / "sigint" / "command.txt").read_text().startswith("thunder-sgl bench --cluster tiny")
+
+
+def test_des_sweep_fills_the_same_report(tmp_path):
+    spec = BenchSpec(cluster="tiny", nodes=2, programs=(4, 8), routers=("thunder", "sglang-round_robin"),
+                     duration_s=300, warmup_s=60, seed=2, mode="des", name="des", out=tmp_path)
+    results = run_bench(spec, command="thunder-sgl bench --mode des", progress=QuietProgress())
+    assert [(r.router, r.programs, r.mode) for r in results] == [
+        ("thunder", 4, "des"), ("thunder", 8, "des"), ("sglang-round_robin", 4, "des"), ("sglang-round_robin", 8, "des")]
+    for r in results:
+        assert not r.errors.get(FAILED), r.notes
+        assert r.steps_completed > 0 and 0.0 <= r.kv_hit_rate <= 1.0 and r.ideal_steps_per_min > 0
+    md = (tmp_path / "des" / "results.md").read_text()
+    assert "(des mode)" in md and "### N = 8 programs" in md
+    assert (tmp_path / "des" / "memory_thunder.png").stat().st_size > 0
