@@ -1,3 +1,3 @@
 from thunder_sgl.cli import main
 
-main()
+raise SystemExit(main())

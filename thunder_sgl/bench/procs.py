@@ -89,13 +89,20 @@ def http_ok(url: str, timeout: float = 2.0) -> bool:
 
 
 def wait_until(pred, timeout: float, what: str, proc: Proc | None = None, interval: float = 0.1) -> None:  # noqa: ANN001
+    """Poll ``pred`` until true. On timeout or interruption (Ctrl-C) ``proc`` is stopped: a
+    process whose start was never confirmed has no owner to stop it later."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        if proc is not None and not proc.alive():
-            raise RuntimeError(f"{proc.name} exited (code {proc.popen.returncode}) before {what}:\n{proc.log_tail()}")
-        time.sleep(interval)
+    try:
+        while time.monotonic() < deadline:
+            if pred():
+                return
+            if proc is not None and not proc.alive():
+                raise RuntimeError(f"{proc.name} exited (code {proc.popen.returncode}) before {what}:\n{proc.log_tail()}")
+            time.sleep(interval)
+    except BaseException:
+        if proc is not None:
+            proc.stop()
+        raise
     tail = f":\n{proc.log_tail()}" if proc is not None else ""
     if proc is not None:
         proc.stop()

@@ -1,0 +1,234 @@
+"""The policy comparison harness behind ``thunder-sgl bench``: every router × every concurrency,
+side by side on the same cluster and the same seeded workload, into one results directory.
+
+    thunder-sgl bench --cluster glm46-fp8-h100x8 --nodes 1 --programs 70,140,210 \\
+        --routers thunder,thunder-paper,sglang-cache_aware,sglang-round_robin,smg-cache_aware \\
+        --duration 900 --warmup 300 --time-scale 10 --seed 1 --mode http --name glm46-1n
+
+Modes:
+- ``http``: real processes on this machine (``harness_http``): the simulated cluster starts once;
+  before each run it is made idle and flushed, the router under test starts in front of it and
+  the closed-loop driver runs against the router. Times are simulated: ``--duration`` and
+  ``--warmup`` are simulated seconds, wall time is their sum / ``--time-scale``.
+- ``des``: the discrete-event simulation (``des.run_des``), same routers, same measures, no
+  processes and no wall-clock limit on the simulated time.
+
+A router that fails to start or a run that errors is recorded (``errors["run_failed"]`` and a
+note) and the sweep goes on; results are rewritten after every run, so an interrupted sweep
+(Ctrl-C stops every process) still leaves its finished runs in ``results.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import shlex
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from thunder_sgl import __version__
+from thunder_sgl.bench.harness_progress import LiveProgress, Progress
+from thunder_sgl.bench.report import FAILED, load_meta, load_results, write_report
+from thunder_sgl.bench.results import ROUTERS, RunResult
+from thunder_sgl.bench.workload import WorkloadProfile, load_profile
+
+MODES = ("http", "des")
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    """One sweep. Times are simulated seconds."""
+
+    cluster: str = "glm46-fp8-h100x8"
+    """Simulator config of every node: a name in ``configs/sim/`` or a YAML path."""
+    nodes: int = 1
+    """Simulated workers (nodes)."""
+    programs: tuple[int, ...] = (24, 48, 96)
+    """Concurrencies N (closed loop: N programs in flight at all times)."""
+    profile: str = "mini-swe-agent"
+    """Workload profile: a name in ``configs/workloads/`` or a YAML path."""
+    routers: tuple[str, ...] = ROUTERS
+    """Routers under test, run in this order (see ``results.ROUTERS``)."""
+    duration_s: float = 600.0
+    """Measured window, after the warm-up."""
+    warmup_s: float = 120.0
+    """Start of each run excluded from the measures (caches fill, contexts grow)."""
+    time_scale: float = 20.0
+    """HTTP mode: simulated seconds per wall second (simulator, router and driver agree)."""
+    seed: int = 1
+    """Names the program sequence; the same for every router."""
+    mode: str = "http"
+    """``http`` (real processes) or ``des`` (discrete-event, in process)."""
+    name: str = ""
+    """Results directory name under ``out``; default derived from the other fields."""
+    out: Path = Path("bench/results")
+    sample_every_s: float = 5.0
+    """Per-node memory sampling interval."""
+    router_args: tuple[tuple[str, str], ...] = ()
+    """HTTP mode: extra command-line arguments per router, ``(("thunder", "--thunder-lambda-max
+    0.9"), …)`` (shell-quoted); recorded in the results' meta."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"unknown mode {self.mode!r}; valid: {', '.join(MODES)}")
+        unknown = [r for r in self.routers if r not in ROUTERS]
+        if unknown:
+            raise ValueError(f"unknown router(s) {', '.join(unknown)}; valid: {', '.join(ROUTERS)}")
+        if not self.routers or not self.programs or min(self.programs) < 1:
+            raise ValueError("need at least one router and concurrencies >= 1")
+        if any(r not in self.routers for r, _ in self.router_args):
+            raise ValueError("router_args names a router that is not in the sweep")
+        if self.nodes < 1 or self.duration_s <= 0 or self.warmup_s < 0 or self.time_scale <= 0:
+            raise ValueError("need nodes >= 1, duration > 0, warmup >= 0, time scale > 0")
+
+    @property
+    def cluster_name(self) -> str:
+        return Path(self.cluster).stem if self.cluster.endswith((".yaml", ".yml")) else self.cluster
+
+    @property
+    def results_name(self) -> str:
+        return self.name or f"{Path(self.profile).stem}-{self.cluster_name}-{self.nodes}n-{self.mode}"
+
+    @property
+    def results_dir(self) -> Path:
+        return Path(self.out) / self.results_name
+
+    def args_of(self, router: str) -> tuple[str, ...]:
+        return tuple(a for r, text in self.router_args if r == router for a in shlex.split(text))
+
+    def wall_estimate_s(self) -> float:
+        """HTTP mode: wall seconds of the measured parts (start-up and cleaning not counted)."""
+        runs = len(self.routers) * len(self.programs)
+        return runs * (self.warmup_s + self.duration_s) / self.time_scale
+
+
+def ideal_steps_per_min(spec: BenchSpec, profile: WorkloadProfile, programs: int) -> float:
+    """The §10 bound from ``bench/ideal.py`` (0 when that module is not available)."""
+    try:
+        from thunder_sgl.bench.ideal import ideal_steps_per_min as ideal
+    except ImportError:
+        return 0.0
+    try:
+        return float(ideal(spec.cluster, spec.nodes, profile, programs))
+    except Exception:  # noqa: BLE001 - a missing bound must not stop a sweep
+        return 0.0
+
+
+def run_bench(spec: BenchSpec, command: str = "", progress: Progress | None = None,
+              on_result: Callable[[RunResult], None] | None = None) -> list[RunResult]:
+    """Run the sweep and write its report; returns the results in run order."""
+    out = spec.results_dir
+    out.mkdir(parents=True, exist_ok=True)
+    if command:
+        (out / "command.txt").write_text(command + "\n")
+    profile = load_profile(spec.profile)
+    meta = _meta(spec, command)
+    progress = progress or LiveProgress(f"thunder-sgl bench {spec.results_name}")
+    plan = [(r, n) for r in spec.routers for n in spec.programs]
+    ideal = {n: ideal_steps_per_min(spec, profile, n) for n in spec.programs}
+    results: list[RunResult] = []
+    runner = _HttpRunner(spec, profile, out) if spec.mode == "http" else None
+    try:
+        with progress:
+            progress.plan(plan)
+            if runner is not None:
+                progress.message(f"HTTP mode: {spec.nodes} × {spec.cluster_name}, {len(plan)} runs, "
+                                 f"≈ {spec.wall_estimate_s() / 60:.0f} min of measured wall time "
+                                 f"at time scale {spec.time_scale:g}")
+            for router, n in plan:
+                if runner is not None:
+                    r = runner.run(router, n, ideal[n], progress)
+                else:
+                    r = _des_run(spec, profile, router, n, ideal[n], progress)
+                results.append(r)
+                if on_result is not None:
+                    on_result(r)
+                meta["ended"] = time.strftime("%Y-%m-%d %H:%M:%S")
+                write_report(results, out, meta, plots=False)
+    except KeyboardInterrupt:
+        meta["interrupted"] = True
+        raise
+    finally:
+        if runner is not None:
+            runner.close()
+        if results:
+            write_report(results, out, meta)
+    return results
+
+
+def report_only(directory: str | Path) -> list[Path]:
+    """Rebuild every report file of a results directory from its ``results.json``."""
+    d = Path(directory)
+    return write_report(load_results(d), d, load_meta(d))
+
+
+class _HttpRunner:
+    def __init__(self, spec: BenchSpec, profile: WorkloadProfile, out: Path) -> None:
+        from thunder_sgl.bench.harness_http import HttpCluster
+
+        self.spec, self.profile, self.out = spec, profile, out
+        self.tmp = Path(tempfile.mkdtemp(prefix="thunder-bench-"))
+        self.cluster = HttpCluster(spec.cluster, spec.nodes, spec.time_scale, spec.seed, self.tmp)
+
+    def run(self, router: str, programs: int, ideal: float, progress: Progress) -> RunResult:
+        from thunder_sgl.bench.harness_http import RunPlan, http_run
+
+        s = self.spec
+        plan = RunPlan(router, programs, self.profile, s.warmup_s, s.duration_s, s.time_scale, s.seed,
+                       s.sample_every_s, s.args_of(router),
+                       {"cluster": s.cluster_name, "nodes": s.nodes, "ideal_steps_per_min": ideal})
+        r = http_run(self.cluster, plan, progress, self.out / "logs")
+        progress.end_run(r)
+        return r
+
+    def close(self) -> None:
+        self.cluster.stop()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _des_run(spec: BenchSpec, profile: WorkloadProfile, router: str, programs: int, ideal: float,
+             progress: Progress) -> RunResult:
+    progress.start_run(router, programs, spec.warmup_s + spec.duration_s, spec.warmup_s, 0.0)
+    progress.status("running")
+    t0 = time.monotonic()
+    try:
+        from thunder_sgl.bench.des import run_des
+
+        r = run_des(spec.cluster, spec.nodes, router, profile, programs, spec.duration_s,
+                    warmup_s=spec.warmup_s, seed=spec.seed, sample_every_s=spec.sample_every_s,
+                    progress=_des_progress(progress))
+        r.cluster = spec.cluster_name
+        if not r.ideal_steps_per_min:
+            r.ideal_steps_per_min = ideal
+    except Exception as e:  # noqa: BLE001 - a failed run is a result
+        r = RunResult(router=router, mode="des", programs=programs, nodes=spec.nodes,
+                      cluster=spec.cluster_name, profile=profile.name, seed=spec.seed,
+                      window_s=spec.duration_s, steps_per_min=0.0, kv_hit_rate=0.0,
+                      ideal_steps_per_min=ideal, errors={FAILED: 1},
+                      notes=f"{type(e).__name__}: {e}"[:300])
+    if not r.wall_s:
+        r.wall_s = time.monotonic() - t0
+    progress.end_run(r)
+    return r
+
+
+def _des_progress(progress: Progress) -> Callable[[float, dict[str, Any]], None]:
+    def update(sim_s: float, snapshot: dict[str, Any]) -> None:
+        progress.des_update(sim_s, snapshot)
+    return update
+
+
+def _meta(spec: BenchSpec, command: str) -> dict[str, Any]:
+    d = dataclasses.asdict(spec)
+    d["out"] = str(spec.out)
+    return {
+        "name": spec.results_name, "command": command, "spec": d, "warmup_s": spec.warmup_s,
+        "thunder_sgl": __version__, "host": platform.node(), "cpus": os.cpu_count(),
+        "python": platform.python_version(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }

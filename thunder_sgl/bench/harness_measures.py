@@ -1,0 +1,140 @@
+"""Pure measures of an HTTP benchmark run that the driver's summary does not give.
+
+- ``recompute_tokens``: prompt tokens prefilled again that the program had computed before.
+- ``imbalance``: max − min of per-node HBM used/capacity, mean and max over time.
+- ``parse_histogram`` / ``Histogram``: a Prometheus histogram (the thunder router's
+  ``thunder_held_wait_seconds``, the workers' ``sglang:e2e_request_latency_seconds``) from
+  exposition text, differences between two scrapes and interpolated quantiles.
+- ``parse_counter``: the sum of one counter or gauge over its label sets.
+
+No I/O here: the sampler and the harness fetch, these functions compute.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from thunder_sgl.bench.stats import StepRecord
+
+
+def recompute_tokens(steps: Iterable[StepRecord], t_from: float = 0.0, t_to: float = math.inf) -> int:
+    """Σ over successful calls ending in [t_from, t_to] of
+    ``max(0, min(computed before, prompt) − cached)``, where "computed before" is the largest
+    ``prompt + completion`` of an earlier successful call of the same program: a conversation
+    is append-only, so that many leading tokens of this prompt had been in some KV cache once.
+    Calls before ``t_from`` count as computed (they warm the program up) but are not summed."""
+    computed: dict[str, int] = {}
+    total = 0
+    for s in sorted((s for s in steps if s.ok), key=lambda s: (s.end_s, s.step)):
+        before = computed.get(s.program_id, 0)
+        if t_from <= s.end_s <= t_to:
+            total += max(0, min(before, s.prompt_tokens) - s.cached_tokens)
+        computed[s.program_id] = max(before, s.prompt_tokens + s.completion_tokens)
+    return total
+
+
+def imbalance(samples: Sequence[tuple[float, Sequence[float]]], t_from: float = 0.0) -> tuple[float, float]:
+    """(mean, max) over samples at time >= ``t_from`` of max − min across nodes."""
+    spreads = [max(v) - min(v) for t, v in samples if t >= t_from and v]
+    if not spreads:
+        return 0.0, 0.0
+    return sum(spreads) / len(spreads), max(spreads)
+
+
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+_LE = re.compile(r'le="([^"]+)"')
+
+
+def _samples(text: str) -> Iterable[tuple[str, str, float]]:
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if m:
+            try:
+                yield m.group(1), m.group(2) or "", float(m.group(3))
+            except ValueError:
+                continue
+
+
+def parse_counter(text: str, name: str) -> float:
+    """Σ of the samples of ``name`` over all label sets (prometheus_client adds ``_total`` to
+    counters; both spellings are accepted)."""
+    names = {name, name + "_total"}
+    return sum(v for n, _, v in _samples(text) if n in names)
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Cumulative bucket counts by upper bound (``+Inf`` last), summed over label sets."""
+
+    buckets: tuple[tuple[float, float], ...] = ()
+    sum: float = 0.0
+    count: float = 0.0
+
+    def __sub__(self, earlier: Histogram) -> Histogram:
+        """Observations between two scrapes (``earlier`` may be empty: the first scrape failed)."""
+        old = dict(earlier.buckets)
+        return Histogram(tuple((le, c - old.get(le, 0.0)) for le, c in self.buckets),
+                         self.sum - earlier.sum, self.count - earlier.count)
+
+    def quantile(self, q: float) -> float:
+        """Linear interpolation inside the bucket holding rank ``q·count`` (as PromQL's
+        histogram_quantile); the last finite bound when the rank falls in ``+Inf``; 0 if empty."""
+        if self.count <= 0 or not self.buckets:
+            return 0.0
+        rank = q * self.count
+        prev_le, prev_c = 0.0, 0.0
+        for le, c in self.buckets:
+            if c >= rank:
+                if math.isinf(le):
+                    return prev_le
+                if c == prev_c:
+                    return le
+                return prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)
+            prev_le, prev_c = (le if not math.isinf(le) else prev_le), c
+        return prev_le
+
+    def max_bound(self) -> float:
+        """Upper bound of the highest non-empty bucket (the last finite bound for ``+Inf``)."""
+        top, prev_c, last_finite = 0.0, 0.0, 0.0
+        for le, c in self.buckets:
+            if c > prev_c:
+                top = last_finite if math.isinf(le) else le
+            if not math.isinf(le):
+                last_finite = le
+            prev_c = c
+        return top
+
+    @property
+    def mean(self) -> float:
+        return self.sum / self.count if self.count > 0 else 0.0
+
+
+def parse_histogram(text: str, name: str) -> Histogram:
+    """The histogram ``name`` from Prometheus exposition text, label sets summed."""
+    buckets: dict[float, float] = {}
+    total = count = 0.0
+    for n, labels, v in _samples(text):
+        if n == name + "_bucket":
+            m = _LE.search(labels)
+            if m:
+                le = math.inf if m.group(1) in ("+Inf", "Inf") else float(m.group(1))
+                buckets[le] = buckets.get(le, 0.0) + v
+        elif n == name + "_sum":
+            total += v
+        elif n == name + "_count":
+            count += v
+    return Histogram(tuple(sorted(buckets.items())), total, count)
+
+
+def overhead_per_request(client_latency_sum: float, requests: int, engine_sum: float,
+                         held_sum: float = 0.0) -> float:
+    """Mean time a request spent neither in the engine nor held by the router: client, router
+    and event-loop delays (all arguments in the same unit). Near 0 when the processes keep up."""
+    if requests <= 0:
+        return 0.0
+    return (client_latency_sum - engine_sum - held_sum) / requests

@@ -1,0 +1,176 @@
+"""``thunder-sgl``: the project's command line.
+
+    thunder-sgl demo [--minutes 3]            thunder vs stock sglang_router on a simulated cluster
+    thunder-sgl bench --cluster … --mode http  the policy comparison harness (bench/harness.py)
+    thunder-sgl bench --report-only DIR        rebuild a results directory's tables and plots
+    thunder-sgl sim …                          simulated SGLang workers (python -m thunder_sgl.sim)
+    thunder-sgl router …                       the router (thunder-router, a drop-in for sglang_router)
+
+A subcommand is one entry of ``COMMANDS`` (own arguments) or of ``PASSTHROUGH`` (the argv goes
+unchanged to another entry point); adding one is a few lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from thunder_sgl import __version__
+
+
+@dataclass(frozen=True)
+class Command:
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace, list[str]], int]
+    """Called with the parsed arguments and the subcommand's raw argv (for command.txt)."""
+
+
+def _sim_main(argv: list[str]) -> int:
+    from thunder_sgl.sim.__main__ import main
+
+    return main(argv)
+
+
+def _router_main(argv: list[str]) -> int:
+    from thunder_sgl.launch_router import main
+
+    main(argv)
+    return 0
+
+
+PASSTHROUGH: dict[str, tuple[str, Callable[[list[str]], int]]] = {
+    "sim": ("simulated SGLang workers (arguments of python -m thunder_sgl.sim)", _sim_main),
+    "router": ("the router (arguments of thunder-router / python -m sglang_router.launch_router)", _router_main),
+}
+
+
+# ---------------------------------------------------------------- bench
+
+
+def _csv(kind: Callable[[str], Any]) -> Callable[[str], tuple[Any, ...]]:
+    def parse(text: str) -> tuple[Any, ...]:
+        try:
+            return tuple(kind(x.strip()) for x in text.split(",") if x.strip())
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return parse
+
+
+def _bench_args(p: argparse.ArgumentParser) -> None:
+    from thunder_sgl.bench.harness import MODES, BenchSpec
+    from thunder_sgl.bench.results import ROUTERS
+
+    d = BenchSpec()
+    p.add_argument("--cluster", default=d.cluster, help="simulator config of each node: a name in configs/sim/ or a YAML path")
+    p.add_argument("--nodes", type=int, default=d.nodes, help="simulated nodes (workers)")
+    p.add_argument("--programs", type=_csv(int), default=d.programs, help="concurrencies N, comma-separated (default: 24,48,96)")
+    p.add_argument("--profile", default=d.profile, help="workload profile: a name in configs/workloads/ or a YAML path")
+    p.add_argument("--routers", default=",".join(d.routers),
+                   help=f"routers, comma-separated, run in this order (default: all: {','.join(ROUTERS)})")
+    p.add_argument("--duration", type=float, default=d.duration_s, help="measured window per run, simulated seconds")
+    p.add_argument("--warmup", type=float, default=d.warmup_s, help="warm-up per run, simulated seconds (not measured)")
+    p.add_argument("--time-scale", type=float, default=d.time_scale, help="http mode: simulated seconds per wall second")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--mode", choices=MODES, default=d.mode, help="http: real processes; des: discrete-event, in process")
+    p.add_argument("--name", default="", help="results directory name (default: <profile>-<cluster>-<nodes>n-<mode>)")
+    p.add_argument("--out", type=Path, default=d.out, help="parent of the results directory")
+    p.add_argument("--sample-every", type=float, default=d.sample_every_s, help="per-node memory sampling, simulated seconds")
+    p.add_argument("--router-arg", action="append", default=[], metavar="ROUTER=ARGS",
+                   help="http mode: extra arguments of one router, e.g. thunder='--thunder-lambda-max 0.9' (repeatable)")
+    p.add_argument("--report-only", metavar="DIR", type=Path, default=None,
+                   help="rebuild results.csv/.md and the plots of DIR from its results.json, run nothing")
+
+
+def _bench(args: argparse.Namespace, argv: list[str]) -> int:
+    from thunder_sgl.bench.harness import BenchSpec, report_only, run_bench
+    from thunder_sgl.bench.report import FAILED
+
+    if args.report_only is not None:
+        for path in report_only(args.report_only):
+            print(path)
+        return 0
+    routers = tuple(r.strip() for r in args.routers.split(",") if r.strip())
+    try:
+        router_args = tuple(tuple(x.split("=", 1)) for x in args.router_arg)
+        if any(len(x) != 2 for x in router_args):
+            raise ValueError("--router-arg takes ROUTER=ARGS")
+        spec = BenchSpec(cluster=args.cluster, nodes=args.nodes, programs=tuple(args.programs),
+                         profile=args.profile, routers=routers, duration_s=args.duration,
+                         warmup_s=args.warmup, time_scale=args.time_scale, seed=args.seed,
+                         mode=args.mode, name=args.name, out=args.out, sample_every_s=args.sample_every,
+                         router_args=router_args)  # type: ignore[arg-type]
+    except ValueError as e:
+        print(f"thunder-sgl bench: {e}", file=sys.stderr)
+        return 2
+    results = run_bench(spec, command=" ".join(["thunder-sgl", "bench", *map(shlex.quote, argv)]))
+    failed = [r for r in results if r.errors.get(FAILED)]
+    print(f"results: {spec.results_dir}/results.md ({len(results) - len(failed)} runs ok, {len(failed)} failed)")
+    return 1 if failed and len(failed) == len(results) else 0
+
+
+# ---------------------------------------------------------------- demo
+
+
+def _demo_args(p: argparse.ArgumentParser) -> None:
+    from thunder_sgl.bench.demo import add_arguments
+
+    add_arguments(p)
+
+
+def _demo(args: argparse.Namespace, argv: list[str]) -> int:
+    from thunder_sgl.bench.demo import run_demo
+
+    return run_demo(args)
+
+
+COMMANDS: dict[str, Command] = {
+    "demo": Command("thunder vs stock sglang_router cache_aware on a simulated cluster (a few minutes)",
+                    _demo_args, _demo),
+    "bench": Command("compare routers on a simulated cluster (http or des mode); writes bench/results/<name>/",
+                     _bench_args, _bench),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="thunder-sgl", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"thunder-sgl {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for name, cmd in COMMANDS.items():
+        sp = sub.add_parser(name, help=cmd.help, description=cmd.help)
+        cmd.add_arguments(sp)
+    for name, (text, _) in PASSTHROUGH.items():
+        sub.add_parser(name, help=text, add_help=False)
+    return p
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in PASSTHROUGH:
+        return PASSTHROUGH[argv[0]][1](argv[1:])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    signal.signal(signal.SIGTERM, _interrupt)  # stop our child processes on SIGTERM too
+    try:
+        return COMMANDS[args.command].run(args, argv[1:])
+    except KeyboardInterrupt:
+        print("\ninterrupted: every process started was stopped", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
