@@ -3,6 +3,7 @@
     thunder-sgl demo [--minutes 3]            thunder vs stock sglang_router on a simulated cluster
     thunder-sgl bench --cluster … --mode http  the policy comparison harness (bench/harness.py)
     thunder-sgl bench --report-only DIR        rebuild a results directory's tables and plots
+    thunder-sgl soak --minutes 30              overload + scheduled faults: losses, leaks, RSS
     thunder-sgl sim …                          simulated SGLang workers (python -m thunder_sgl.sim)
     thunder-sgl router …                       the router (thunder-router, a drop-in for sglang_router)
 
@@ -130,11 +131,30 @@ def _demo(args: argparse.Namespace, argv: list[str]) -> int:
     return run_demo(args)
 
 
+# ---------------------------------------------------------------- soak
+
+
+def _soak_args(p: argparse.ArgumentParser) -> None:
+    from thunder_sgl.bench.soak import add_args
+
+    add_args(p)
+
+
+def _soak(args: argparse.Namespace, argv: list[str]) -> int:
+    import asyncio
+
+    from thunder_sgl.bench.soak import soak, verdict
+
+    return verdict(asyncio.run(soak(args)))
+
+
 COMMANDS: dict[str, Command] = {
     "demo": Command("thunder vs stock sglang_router cache_aware on a simulated cluster (a few minutes)",
                     _demo_args, _demo),
     "bench": Command("compare routers on a simulated cluster (http or des mode); writes bench/results/<name>/",
                      _bench_args, _bench),
+    "soak": Command("hours at 2x KV overload with faults on a schedule; reports losses, leaks, RSS, max held wait",
+                    _soak_args, _soak),
 }
 
 

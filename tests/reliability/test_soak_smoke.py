@@ -11,7 +11,7 @@ import sys
 def test_soak_runs_faults_and_reports_no_loss_and_no_leak(tmp_path):
     out = tmp_path / "soak"
     p = subprocess.run(
-        [sys.executable, "-m", "thunder_sgl.bench.soak", "--minutes", "0.5", "--nodes", "2",
+        [sys.executable, "-m", "thunder_sgl", "soak", "--minutes", "0.5", "--nodes", "2",
          "--overload", "1.5", "--fault-every", "6", "--time-scale", "10", "--sandboxes", "local",
          "--out", str(out)],
         capture_output=True, text=True, timeout=240,

@@ -252,15 +252,17 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", default="bench/results/soak")
 
 
+def verdict(summary: dict[str, Any]) -> int:
+    """Exit status: 0 when nothing was lost or leaked."""
+    keys = ("programs_lost", "leaked_programs", "leaked_sandboxes", "leaked_ports")
+    return 0 if all(summary.get(k, 1) == 0 for k in keys) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="thunder-sgl soak", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_args(ap)
-    args = ap.parse_args(argv)
-    summary = asyncio.run(soak(args))
-    bad = summary.get("programs_lost", 1) + summary.get("leaked_programs", 1) + summary.get("leaked_sandboxes", 1) \
-        + summary.get("leaked_ports", 1)
-    return 0 if bad == 0 else 1
+    return verdict(asyncio.run(soak(ap.parse_args(argv))))
 
 
 if __name__ == "__main__":
