@@ -85,6 +85,9 @@ def test_hicache_ceiling_is_reported_separately() -> None:
     assert b.hicache_steps_per_min >= b.steps_per_min and b.host_point is not None
     forced = ideal_bound(GLM, 1, "mini-swe-agent", 200, hicache=True)
     assert forced.hicache_steps_per_min is not None
+    # a run on a host-tier cluster is held to the ceiling, one without to the anchor
+    assert ideal_steps_per_min(GLM + "-hicache", 1, "mini-swe-agent", 200) == pytest.approx(b.hicache_steps_per_min)
+    assert ideal_steps_per_min(GLM, 1, "mini-swe-agent", 200) == pytest.approx(anchor.steps_per_min)
 
 
 def test_few_programs_are_bound_by_the_closed_loop() -> None:

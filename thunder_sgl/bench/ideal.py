@@ -27,12 +27,13 @@ batch that fits, B₃ = min(N, N_res, max_running). The doc's closed form (KV-bo
 pool) is reported too; it ignores the prefill stretch of R and so reads 5–12% higher.
 
 HiCache (§10, "with HiCache"): the anchor stays (2) with Z (acting programs retained in HBM).
-The offload ceiling is reported separately: acting programs demoted to host and reloaded,
-t_load = c̄·b_kv / BW_h2d added to each step's serial GPU time (the simulator adds load-back to
-its iteration in full at ``load_back_overlap`` 0), (2) with t_load in place of Z, the host tier
-holding every program's context (write-through), and X·c̄·b_kv ≤ BW_h2d. The ceiling is the
-better of retention and offload (``host_point`` is the offload solution alone): offloading costs
-t_load per step, which the simulator does not hide, so below capacity retention wins.
+The offload ceiling is computed beside it: acting programs demoted to host and reloaded,
+t_load = c̄·b_kv / BW_h2d, of which the part the simulator does not overlap with compute
+(1 − ``load_back_overlap``; SGLang loads back layer by layer, so 0 by default) is added to each
+step's serial GPU time, (2) with t_load in place of Z, the host tier holding every program's
+context (write-through), and X·c̄·b_kv ≤ BW_h2d. The ceiling is the better of retention and
+offload (``host_point`` is the offload solution alone). ``ideal_steps_per_min`` returns the
+bound a run is held to: the ceiling when the cluster has a host tier, else the anchor.
 """
 
 from __future__ import annotations
@@ -292,8 +293,11 @@ def ideal_steps_per_min(
     *,
     hicache: bool | None = None,
 ) -> float:
-    """The anchor bound (HBM retention) in steps per simulated minute, all replicas."""
-    return ideal_bound(cluster, nodes, profile, programs, hicache=hicache).steps_per_min
+    """The bound in steps per simulated minute, all replicas, that a run is held to: the anchor
+    (HBM retention), or with a host tier the HiCache ceiling (the better of retention and
+    offload, never below the anchor)."""
+    b = ideal_bound(cluster, nodes, profile, programs, hicache=hicache)
+    return b.hicache_steps_per_min if b.hicache_steps_per_min is not None else b.steps_per_min
 
 
 def with_capacity(cfg: SimConfig, tokens: int) -> SimConfig:

@@ -109,7 +109,7 @@ def markdown(results: Sequence[RunResult], meta: dict[str, Any] | None = None) -
         lines += [f"Command: `{meta['command']}`", ""]
     lines += [
         "steps/min per simulated minute after warm-up; ×CA = ratio to stock sglang_router "
-        "cache_aware at the same N; ×ideal = ratio to the physical bound of calibration.md §10; "
+        "cache_aware at the same N; ×ideal = ratio to the physical bound of calibration.md §10 (with a host tier: its HiCache ceiling); "
         "recompute = prompt tokens prefilled again that the program had computed before "
         "(share of all prompt tokens); imbalance = mean (max) over time of max−min per-node HBM "
         "used/capacity; completion = program start to end, simulated seconds; held = time thunder "
