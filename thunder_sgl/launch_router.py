@@ -144,7 +144,10 @@ def serve(args: argparse.Namespace, argv: Sequence[str]) -> None:
     print(f"thunder-router {__version__}: policy {settings.policy}, {len(settings.worker_urls)} worker(s), "
           f"listening on http://{args.host}:{port}", flush=True)
     config = uvicorn.Config(app, loop="uvloop", http="httptools", log_level=level.lower(),
-                            access_log=False, lifespan="on", timeout_graceful_shutdown=5)
+                            access_log=False, lifespan="on", timeout_graceful_shutdown=5,
+                            # longer than clients keep idle pooled connections (aiohttp 15 s, httpx 5 s),
+                            # so a reused connection is not closed under a request in flight
+                            timeout_keep_alive=75)
     uvicorn.Server(config).run(sockets=[sock])
 
 

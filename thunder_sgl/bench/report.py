@@ -113,7 +113,9 @@ def markdown(results: Sequence[RunResult], meta: dict[str, Any] | None = None) -
         "recompute = prompt tokens prefilled again that the program had computed before "
         "(share of all prompt tokens); imbalance = mean (max) over time of max−min per-node HBM "
         "used/capacity; completion = program start to end, simulated seconds; held = time thunder "
-        "held a request (simulated seconds, p50/p99/max).",
+        "held a request (simulated seconds, p50/p99/max; in http mode read from the router's "
+        "histogram, so quantiles are interpolated and max is the upper edge of the highest "
+        "occupied bucket).",
         "",
     ]
     for (mode, cluster, nodes, profile), runs in groups(results).items():

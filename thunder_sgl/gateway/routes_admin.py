@@ -76,7 +76,8 @@ def build_admin_router(gw: Gateway) -> APIRouter:
         m = gw.sandboxes
         if m is not None:
             live = [s for pid in m.programs() for s in m.list(pid) if s.status.value != "removed"]
-            info["sandboxes"] = {"live": len(live), "programs": len(m.programs()), "ports_in_use": m.ports.in_use,
+            info["sandboxes"] = {"live": len(live), "programs": len(m.programs()), "releasing": m.releasing,
+                                 "ports_in_use": m.ports.in_use,
                                  "provider": type(m.provider).__name__ if m.provider else None}
         return JSONResponse(info)
 

@@ -20,7 +20,7 @@ import dataclasses
 import logging
 import secrets
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -262,12 +262,29 @@ class SandboxManager:
                 log.warning("stopping a sandbox of program %s: %s", program_id, r)
         return len(entries)
 
-    async def close(self, *, release: bool = True) -> None:
+    @property
+    def releasing(self) -> int:
+        """Programs whose release is still tearing sandboxes down (no longer in ``programs``)."""
+        return len(self._releasing)
+
+    async def close(self, *, release: bool = True, timeout: float = 60.0) -> None:
         """Shut down. ``release=True`` (default) reaps everything first: a router's program
-        table dies with it, so its sandboxes would be orphans anyway."""
+        table dies with it, so its sandboxes would be orphans anyway. Releases already in
+        flight are awaited too (a create still running in a worker thread would otherwise
+        finish after the loop is gone and leave its container), for at most ``timeout``
+        seconds; what is left then is an orphan for the next start's sweep, and logged."""
         if release:
-            for pid in builtins.list(self._owned):
-                await self.release_program(pid)
+            pending: builtins.list[Awaitable[dict[str, Any]]] = [
+                self.release_program(pid) for pid in builtins.list(self._owned)
+            ]
+            pending += [asyncio.shield(t) for t in self._releasing.values()]
+            if pending:
+                try:
+                    await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), timeout)
+                except TimeoutError:
+                    log.warning("shutdown: %d program release(s) unfinished after %g s; the next start "
+                                "with instance id %s sweeps what they leave", self.releasing, timeout,
+                                self.instance_id)
         for t in builtins.list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

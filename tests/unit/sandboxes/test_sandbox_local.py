@@ -174,6 +174,33 @@ async def test_concurrent_releases_share_one_and_a_reused_id_waits_for_it(local_
     assert local_manager.get("p", sid).status is S.READY
 
 
+class SlowCreate(LocalProvider):
+    """A provider whose creates wait in a backlog and, once asked, cannot be called off (the
+    docker SDK's call runs in a worker thread: cancelling the awaiting task does not stop it)."""
+
+    async def create(self, program_id, sandbox_id, spec, ports):  # type: ignore[no-untyped-def]
+        async def later() -> str:
+            await asyncio.sleep(0.8)
+            return await LocalProvider.create(self, program_id, sandbox_id, spec, ports)
+
+        return await asyncio.shield(asyncio.ensure_future(later()))
+
+
+async def test_close_waits_for_releases_in_flight_so_nothing_is_created_after_it(tmp_path: Path, instance_id: str) -> None:
+    m = SandboxManager(SandboxConfig(provider="local"), SlowCreate(instance_id, tmp_path / "sb"), instance_id)
+    info = await m.create("p0", {"command": ["sleep", "300"]})
+    assert info.status is S.PREPARING
+    handler = asyncio.ensure_future(m.release_program("p0"))  # a release route's handler ...
+    await asyncio.sleep(0.05)
+    handler.cancel()  # ... cancelled by the server's shutdown: the release itself goes on
+    assert m.releasing == 1 and m.programs() == []
+    await m.close()  # owns nothing any more, but must not return before p0's release ends
+    assert m.releasing == 0
+    await asyncio.sleep(1.2)  # a create left running would have made its process by now
+    assert await gone(instance_id)
+    assert not list((tmp_path / "sb").glob("*/*"))
+
+
 async def test_stop_then_prepare_ahead_restarts_before_the_program_runs(local_manager: SandboxManager, instance_id: str) -> None:
     sid = await ready(local_manager, "p", {"command": ["sleep", "300"]})
     assert await local_manager.stop_program("p") == 1
