@@ -176,7 +176,7 @@ def run(args: argparse.Namespace) -> list[Row]:
     targets: dict[str, Proc | None] = {"direct": None}
     rows: list[Row] = []
     try:
-        targets["thunder"] = start_thunder(sim.urls, time_scale=args.time_scale, log_dir=out / "logs")
+        targets["thunder"] = start_thunder(sim.urls, time_scale=args.router_time_scale, log_dir=out / "logs")
         if not args.no_stock:
             targets["sglang_router"] = start_stock(sim.urls, "cache_aware", "sglang_router", log_dir=out / "logs")
             targets["smg"] = start_stock(sim.urls, "cache_aware", "smg", log_dir=out / "logs")
@@ -215,7 +215,7 @@ def run(args: argparse.Namespace) -> list[Row]:
 def write(rows: list[Row], out: Path, args: argparse.Namespace) -> None:
     (out / "overhead.json").write_text(json.dumps([asdict(r) for r in rows], indent=1))
     lines = [f"Command: `python -m thunder_sgl.bench.overhead --seconds {args.seconds} --concurrency {args.concurrency} "
-             f"--rate {args.rate} --config {args.config} --time-scale {args.time_scale}`", "",
+             f"--rate {args.rate} --config {args.config} --time-scale {args.time_scale} --router-time-scale {args.router_time_scale}`", "",
              "| target | mode | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | router CPU s | errors |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
 
@@ -239,7 +239,9 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--rate", type=float, default=500.0)
     ap.add_argument("--config", default="tiny")
-    ap.add_argument("--time-scale", type=float, default=1000.0)
+    ap.add_argument("--time-scale", type=float, default=1000.0, help="the simulated worker's clock")
+    ap.add_argument("--router-time-scale", type=float, default=1.0,
+                    help="thunder's --thunder-time-scale (1: real-time ticks and timeouts, as in production)")
     ap.add_argument("--out", default="bench/results/overhead")
     ap.add_argument("--no-stock", action="store_true", help="skip sglang_router and smg")
     run(ap.parse_args())
