@@ -344,29 +344,27 @@ class Controller:
         else:
             self._kick = True
 
-    def _take(self, p: Program, now: float) -> tuple[Ticket, int] | None:
-        """Dispatch p's oldest held ticket (the caller checked the gate)."""
-        q = self._held.get(p.id)
-        if not q:
-            return None
+    def _take(self, p: Program, now: float, estimate: int) -> Ticket:
+        """Dispatch p's oldest held ticket, whose prompt ``estimate`` the caller computed when it
+        checked the gate (p has a held ticket)."""
+        q = self._held[p.id]
         t = q.popleft()
         if not q:
             del self._held[p.id]
         self._held_count -= 1
         p.unhold()
-        est = self._estimate(p, t)
-        self._dispatch(t, p, now, est)
-        return t, est
+        self._dispatch(t, p, now, estimate)
+        return t
 
     def _drain_program(self, p: Program, now: float) -> list[Ticket]:
         """A just-placed program's held request, if the HBM gate lets it through."""
         q = self._held.get(p.id)
         if not q or p.state is not ProgramState.ACTIVE or p.in_flight:
             return []
-        if not self._gate_open(p, self._estimate(p, q[0])):
+        est = self._estimate(p, q[0])
+        if not self._gate_open(p, est):
             return []
-        taken = self._take(p, now)
-        return [taken[0]] if taken else []
+        return [self._take(p, now, est)]
 
     def _drain_gated(self, b: Backend, now: float) -> list[Ticket]:
         """Held tickets of active programs on ``b``, oldest first, while the HBM gate lets them
@@ -381,13 +379,12 @@ class Controller:
         limit = self._hbm_limit(b)
         out: list[Ticket] = []
         for p in cands:
-            need = self._need(p, self._estimate(p, self._held[p.id][0]))
+            est = self._estimate(p, self._held[p.id][0])
+            need = self._need(p, est)
             if used > 0 and used + need > limit:
                 break  # the oldest waits first
-            taken = self._take(p, now)
-            if taken:
-                out.append(taken[0])
-                used += need
+            out.append(self._take(p, now, est))
+            used += need
         return out
 
     def _expire(self, now: float) -> list[Ticket]:

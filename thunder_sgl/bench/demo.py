@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -31,9 +30,10 @@ from rich.table import Table
 
 from thunder_sgl.bench.harness_http import HttpCluster, RunPlan, http_run
 from thunder_sgl.bench.harness_progress import LiveProgress
+from thunder_sgl.bench.ideal import ideal_steps_per_min
 from thunder_sgl.bench.report import FAILED, plot_comparison, write_report
 from thunder_sgl.bench.results import RunResult
-from thunder_sgl.bench.workload import WorkloadProfile, load_profile, program_at
+from thunder_sgl.bench.workload import WorkloadProfile, load_profile, mean_context_tokens
 from thunder_sgl.sim.config import load_sim_config
 
 ROUTERS = ("thunder", "sglang-cache_aware")
@@ -55,14 +55,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-scale", type=float, default=0.0,
                    help="simulated seconds per wall second (default: 15 with 2+ cores, else 7)")
     p.add_argument("--seed", type=int, default=1)
-
-
-def mean_context_tokens(profile: WorkloadProfile, seed: int, n: int = 300) -> float:
-    """Average prompt tokens over the LLM calls of ``n`` programs: a program's resident
-    context averaged over its life (c̄ of calibration.md §10)."""
-    ctx = [p.prompt_tokens_at(i) for k in range(n) for p in [program_at(profile, seed, k)]
-           for i in range(len(p.steps))]
-    return statistics.fmean(ctx)
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -141,18 +133,10 @@ def _one(cluster: HttpCluster, router: str, programs: int, profile: WorkloadProf
     diag: dict[str, Any] = {}
     t = time.monotonic()
     r = http_run(cluster, plan, progress, out / "logs", diag)
-    r.ideal_steps_per_min = _ideal(cluster, profile, programs)
+    r.ideal_steps_per_min = ideal_steps_per_min(cluster.config, cluster.nodes, profile, programs)
     r.wall_s = time.monotonic() - t
     progress.end_run(r)
     return r, diag
-
-
-def _ideal(cluster: HttpCluster, profile: WorkloadProfile, programs: int) -> float:
-    try:
-        from thunder_sgl.bench.ideal import ideal_steps_per_min
-    except ImportError:
-        return 0.0
-    return ideal_steps_per_min(cluster.config, cluster.nodes, profile, programs)
 
 
 def _plots(results: list[RunResult], out: Path, warmup_s: float) -> Path:

@@ -34,6 +34,7 @@ from typing import Any
 
 from thunder_sgl import __version__
 from thunder_sgl.bench.harness_progress import LiveProgress, Progress
+from thunder_sgl.bench.ideal import ideal_steps_per_min as physical_bound
 from thunder_sgl.bench.report import FAILED, load_meta, load_results, write_report
 from thunder_sgl.bench.results import ROUTERS, RunResult
 from thunder_sgl.bench.workload import WorkloadProfile, load_profile
@@ -109,13 +110,9 @@ class BenchSpec:
 
 
 def ideal_steps_per_min(spec: BenchSpec, profile: WorkloadProfile, programs: int) -> float:
-    """The §10 bound from ``bench/ideal.py`` (0 when that module is not available)."""
+    """The §10 bound from ``bench/ideal.py`` (0 when it cannot be computed)."""
     try:
-        from thunder_sgl.bench.ideal import ideal_steps_per_min as ideal
-    except ImportError:
-        return 0.0
-    try:
-        return float(ideal(spec.cluster, spec.nodes, profile, programs))
+        return float(physical_bound(spec.cluster, spec.nodes, profile, programs))
     except Exception:  # noqa: BLE001 - a missing bound must not stop a sweep
         return 0.0
 

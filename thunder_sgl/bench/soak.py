@@ -36,7 +36,7 @@ import psutil
 
 from thunder_sgl.bench.driver import DriverOptions, run_workload
 from thunder_sgl.bench.procs import Proc, start_sim, start_thunder
-from thunder_sgl.bench.workload import StepSpec, load_profile, program_at
+from thunder_sgl.bench.workload import StepSpec, load_profile, mean_context_tokens
 from thunder_sgl.sim import load_sim_config
 
 FAULTS = ("crash", "silence", "slow", "flaky", "drop")
@@ -87,19 +87,6 @@ class SandboxTools:
                     self.errors[f"exec_{r.status}"] += 1
         except (TimeoutError, aiohttp.ClientError) as e:
             self.errors[f"exec_{type(e).__name__}"] += 1
-
-
-def mean_context(profile_name: str, samples: int = 400) -> float:
-    """Time-averaged resident context of the profile's programs (tokens)."""
-    prof = load_profile(profile_name)
-    total = 0.0
-    steps = 0
-    for i in range(samples):
-        spec = program_at(prof, 12345, i)
-        for k in range(len(spec.steps)):
-            total += spec.prompt_tokens_at(k)
-            steps += 1
-    return total / max(1, steps)
 
 
 def rss_mb(proc: Proc) -> float:
@@ -194,7 +181,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = load_sim_config(args.cluster)
-    c_bar = mean_context(args.profile)
+    c_bar = mean_context_tokens(load_profile(args.profile), 12345, 400)
     capacity = args.nodes * cfg.server.max_total_num_tokens / c_bar
     programs = max(2, round(args.overload * capacity))
     print(f"[soak] {args.nodes} × {args.cluster}: KV capacity ≈ {capacity:.0f} programs of c̄ ≈ {c_bar:.0f} tokens; "
@@ -252,7 +239,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             outcomes = Counter(p.outcome for p in res.programs)
             summary = {
                 "command": "thunder-sgl soak " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
-                                                     if k not in ("command", "func")),
+                                                     if k != "command"),
                 "minutes": args.minutes, "nodes": args.nodes, "cluster": args.cluster, "programs": programs,
                 "requests_served": sum(1 for x in res.steps if x.ok),
                 "errors_by_kind": dict(res.errors) | {f"tool_{k}": v for k, v in (tools.errors if tools else {}).items()},

@@ -214,3 +214,15 @@ class ProgramSource:
         spec = program_at(self.profile, self.seed, self.issued)
         self.issued += 1
         return spec
+
+
+def mean_context_tokens(profile: WorkloadProfile, seed: int, n: int = 300) -> float:
+    """Average prompt tokens over the LLM calls of programs 0..n−1 of ``(profile, seed)``: a
+    program's resident context averaged over its life (c̄ of calibration.md §10, nominal)."""
+    total = steps = 0
+    for k in range(n):
+        spec = program_at(profile, seed, k)
+        for i in range(len(spec.steps)):
+            total += spec.prompt_tokens_at(i)
+        steps += len(spec.steps)
+    return total / max(1, steps)

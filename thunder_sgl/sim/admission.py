@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from thunder_sgl.sim.request import PREFILL, RUNNING, WAITING, Completion, Req
 from thunder_sgl.sim.tiers import PrefixHit
-from thunder_sgl.sim.timing import load_back_seconds, storage_fetch_seconds
+from thunder_sgl.sim.timing import h2d_seconds, storage_fetch_seconds
 
 if TYPE_CHECKING:  # pragma: no cover
     from thunder_sgl.sim.engine import Engine
@@ -67,9 +67,10 @@ def schedule_prefill(e: Engine, t: float) -> tuple[list[tuple[Req, int]], tuple[
         if hit.load_tokens:
             if e._ensure_free(hit.load_tokens):
                 cache.promote(hit)
-                dt = load_back_seconds(rf, hit.host_tokens, hit.storage_tokens)
+                h2d = h2d_seconds(rf, hit.host_tokens + hit.storage_tokens)
                 fs = storage_fetch_seconds(rf, hit.storage_tokens)
-                load_s += dt - fs
+                dt = h2d + fs  # L3 hits are read into host first, then copied
+                load_s += h2d
                 fetch_s += fs
                 e.counters.load_back_seconds += dt
                 e.hist_load_back.observe(dt)

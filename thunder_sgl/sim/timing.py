@@ -124,11 +124,6 @@ def prefill_seconds(r: Roofline, new_tokens: int, prefix: int) -> float:
     return prefill_flops(r, new_tokens, prefix) * r.inv_flops
 
 
-def load_back_seconds(r: Roofline, host_tokens: int, storage_tokens: int) -> float:
-    """Host→device copy of host hits; L3 hits are read into host first, then copied."""
-    return h2d_seconds(r, host_tokens + storage_tokens) + storage_fetch_seconds(r, storage_tokens)
-
-
 def h2d_seconds(r: Roofline, tokens: int) -> float:
     """Host→device copy of ``tokens`` of KV (the part SGLang overlaps with the forward pass)."""
     return tokens * r.kv_bytes / r.h2d_bw
