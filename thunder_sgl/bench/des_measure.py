@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from thunder_sgl.bench.harness_measures import imbalance
+
 
 def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else 0.0
@@ -63,8 +65,8 @@ class Recorder:
         done = [e - s for s, e, o in self.programs if o == "completed" and win(e)]
         lat = [e - s for e, s, *_ in calls]
         held = [h for t, h in self.held if win(t)]
-        imb = [max(v) - min(v) for t, v in self.memory if win(t) and v]
-        kv_imb = [max(v) - min(v) for t, v in self.usage if win(t) and v]
+        imb_mean, imb_max = imbalance([(t, v) for t, v in self.memory if win(t)])
+        kv_imb_mean, _ = imbalance([(t, v) for t, v in self.usage if win(t)])
         return {
             "steps_completed": steps,
             "steps_per_min": 60.0 * steps / self.duration if self.duration > 0 else 0.0,
@@ -73,9 +75,9 @@ class Recorder:
             "cached_tokens": cached,
             "completion_tokens": sum(c[4] for c in calls),
             "recompute_tokens": sum(c[5] for c in calls),
-            "node_imbalance_mean": float(np.mean(imb)) if imb else 0.0,
-            "node_imbalance_max": max(imb) if imb else 0.0,
-            "kv_imbalance_mean": float(np.mean(kv_imb)) if kv_imb else 0.0,
+            "node_imbalance_mean": imb_mean,
+            "node_imbalance_max": imb_max,
+            "kv_imbalance_mean": kv_imb_mean,
             "program_completion_p50_s": _pct(done, 50),
             "program_completion_p99_s": _pct(done, 99),
             "step_latency_p50_s": _pct(lat, 50),
