@@ -70,10 +70,10 @@ async def test_a_paused_programs_stopped_container_is_restarted_before_it_is_res
     # Nearing the head of the queue: prepare ahead, then the program waits W more.
     t0 = time.perf_counter()
     assert await m.prepare_ahead("p") == 1
-    await asyncio.sleep(1.0)
+    await asyncio.sleep(3.0)          # the restore comes later than a docker start, even on a busy machine
     restored = m.get("p", info.id)
     assert restored.status is SandboxStatus.READY and restored.prepare_seconds is not None
-    assert restored.prepare_seconds < 1.0 < time.perf_counter() - t0  # ready before restore
+    assert restored.prepare_seconds < 3.0 < time.perf_counter() - t0  # ready before restore
     assert docker_client.api.inspect_container(info.handle)["State"]["Running"]
     r = await m.exec("p", info.id, "cat /tmp/state", 10)
     assert r.stdout == "prepared\n"  # stopped, not removed: files survive
