@@ -1,12 +1,16 @@
 """Time the scheduler's tick over 10,000 programs and 64 backends (issue: < 10 ms).
 
-    python bench/tick_bench.py [--programs 10000] [--backends 64] [--repeat 50]
+    python bench/tick_bench.py [--programs 10000] [--backends 64] [--repeat 50] [--inner 3]
 
 The state is a steady state reached by the scheduler itself: 10,000 programs admitted by
 ticks onto 64 GLM-4.6-like backends (1.05 M HBM tokens, host tier ×2), contexts 2–60 K
 tokens, 40% reasoning, the rest acting for up to 30 s; the cluster is oversubscribed, so the
 queue is long and every tick pauses and restores some programs. Reports the median and p90
 of ``tick`` (decisions computed, not applied) and of a cold-start tick (all programs new).
+
+``tick`` is pure, so each state is timed ``--inner`` times: the first evaluation is what a
+router would see (it includes Python's GC and whatever else the machine is doing); the best
+of the evaluations is the tick's own cost, robust to a busy machine. Both are reported.
 """
 
 from __future__ import annotations
@@ -65,26 +69,32 @@ def main() -> None:
     ap.add_argument("--programs", type=int, default=10_000)
     ap.add_argument("--backends", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=50)
+    ap.add_argument("--inner", type=int, default=3, help="evaluations of each state's tick (it is pure)")
     args = ap.parse_args()
 
     policy, table, backends = build(args.programs, args.backends)
     rng = random.Random(3)
-    now, samples, decisions = 5.0, [], []
+    now, first, best, decisions = 5.0, [], [], []
     for _ in range(args.repeat):
         now += policy.cfg.tick_seconds
         evolve(table, now, rng)
-        t0 = time.perf_counter()
-        d = policy.tick(now, table, backends)
-        samples.append((time.perf_counter() - t0) * 1e3)
+        times = []
+        for _ in range(max(1, args.inner)):
+            t0 = time.perf_counter()
+            d = policy.tick(now, table, backends)
+            times.append((time.perf_counter() - t0) * 1e3)
+        first.append(times[0])
+        best.append(min(times))
         decisions.append((len(d.pauses), len(d.placements)))
         apply(d, table, now)
     active = sum(1 for p in table if p.active)
-    samples.sort()
-    print(f"programs={len(table)} backends={len(backends)} active={active} waiting={table.waiting_count}")
-    print(f"steady tick: median {statistics.median(samples):.2f} ms, p90 {samples[int(0.9 * len(samples))]:.2f} ms, "
-          f"max {samples[-1]:.2f} ms over {len(samples)} ticks; "
+    print(f"programs={len(table)} backends={len(backends)} active={active} waiting={table.waiting_count}; "
           f"pauses/placements per tick (mean): {statistics.mean(a for a, _ in decisions):.1f}/"
           f"{statistics.mean(b for _, b in decisions):.1f}")
+    for label, samples in (("steady tick, first evaluation", first), (f"steady tick, best of {args.inner}", best)):
+        samples.sort()
+        print(f"{label}: median {statistics.median(samples):.2f} ms, p90 {samples[int(0.9 * len(samples))]:.2f} ms, "
+              f"max {samples[-1]:.2f} ms over {len(samples)} ticks")
     cold = []
     for _ in range(5):
         fresh = ProgramTable()

@@ -20,7 +20,9 @@ No I/O and no clock reads: time and state come in, decisions go out, nothing is 
    ``λ_min · pool`` and the placement keeps it within ``λ_max · pool``; in tier-aware mode
    a program with a held request must also fit the HBM condition. When a program has waited
    ``reserve_after_seconds`` and fits nowhere, nothing behind it is placed, so capacity
-   accumulates for it and every wait stays bounded.
+   accumulates for it and every wait stays bounded. Rooms only shrink while placing, so a
+   program larger than the most room of any open backend (pool, or HBM for a held request)
+   is skipped without trying, and placing stops once nothing left in the queue can fit.
 """
 
 from __future__ import annotations
@@ -61,6 +63,11 @@ class Decisions:
     @property
     def empty(self) -> bool:
         return not self.pauses and not self.placements
+
+
+_Entry = tuple[float, int, str, Program, float, float, float]
+"""A queue entry: (order key, demand tokens, id, program, private need, HBM need if gated
+(else −inf), waiting since)."""
 
 
 class ThunderPolicy:
@@ -152,19 +159,38 @@ class ThunderPolicy:
         queue.sort()
         return [e[3] for e in queue]
 
-    def _queue(self, waiting: Iterable[Program]) -> tuple[list[tuple[float, int, str, Program]], float]:
+    def _queue(
+        self, waiting: Iterable[Program], room: float = float("inf"), hbm_room: float = float("inf"),
+        now: float = 0.0,
+    ) -> tuple[list[_Entry], tuple[float, float, float]]:
         """Queue entries ordered by (waiting_since − class bonus, demand, id) — ascending is
-        best first, the same order as descending ``_score`` — and the smallest private demand
-        in the queue. A flat loop: with thousands of waiting programs this runs every tick."""
-        held_bonus, idle_bonus = self.cfg.held_bonus_seconds, self.cfg.idle_bonus_seconds
+        best first, the same order as descending ``_score`` — and the smallest needs in the
+        queue: private demand of an ungated entry, private demand and HBM need of a gated
+        (held, tier-aware) one. A flat loop: with thousands of waiting programs this runs
+        every tick.
+
+        ``room`` / ``hbm_room``: the most free pool, and the most HBM room for reasoning KV, of
+        any open backend. A program whose private demand exceeds ``room``, or (tier-aware) a
+        held one whose context plus expected output exceeds ``hbm_room``, cannot be placed
+        this tick (rooms only shrink while placing), so it is left out — except the
+        best-ordered one among those that have waited past ``reserve_after_seconds``, which
+        stays in so that it still reserves capacity."""
+        cfg = self.cfg
+        held_bonus, idle_bonus = cfg.held_bonus_seconds, cfg.idle_bonus_seconds
+        reserve_after = cfg.reserve_after_seconds
+        gate = cfg.tier_aware
+        default_out = float(cfg.default_output_tokens)
+        no_gate = float("-inf")
         queue = []
-        min_need = float("inf")
+        inf = float("inf")
+        min_need = min_gated = min_hneed = inf
+        blocker: _Entry | None = None
         for p in waiting:
             if not p.admitted and not p.held:
                 continue  # known only by its sandbox so far: nothing to run, nothing to size
-            since = p.waiting_since
+            since = waited_from = p.waiting_since
             if since is None:
-                since = p.created_at
+                since = waited_from = p.created_at
             if p.admitted:
                 since -= held_bonus if p.held else idle_bonus
             c = p.context_tokens
@@ -175,10 +201,28 @@ class ThunderPolicy:
             if p.prefix_key:
                 sp = p.shared_prefix_tokens
                 need = c - (sp if sp < c else c)
-            if need < min_need:
-                min_need = need
-            queue.append((since, c, p.id, p))
-        return queue, min_need
+            hneed = no_gate
+            if gate and p.held:
+                eo = p.expected_output_tokens
+                hneed = c + (eo if eo > 0 else default_out)
+            if need > room or hneed > hbm_room:
+                if now - waited_from >= reserve_after and (
+                    blocker is None or since < blocker[0] or (since == blocker[0] and (c, p.id) < blocker[1:3])
+                ):
+                    blocker = (since, c, p.id, p, need, hneed, waited_from)
+                continue
+            if hneed == no_gate:
+                if need < min_need:
+                    min_need = need
+            else:
+                if need < min_gated:
+                    min_gated = need
+                if hneed < min_hneed:
+                    min_hneed = hneed
+            queue.append((since, c, p.id, p, need, hneed, waited_from))
+        if blocker is not None:
+            queue.append(blocker)
+        return queue, (min_need, min_gated, min_hneed)
 
     def _place(
         self, now: float, waiting: list[Program], loads: dict[str, BackendLoad]
@@ -194,23 +238,28 @@ class ThunderPolicy:
         if not open_loads:
             return [], None
         rooms = _Rooms(open_loads.values())
-        queue, min_need = self._queue(waiting)
-        if not queue or rooms.best() < min_need:
+        best, best_hbm = rooms.best(), rooms.best_hbm()
+        queue, (min_need, min_gated, min_hneed) = self._queue(waiting, best, best_hbm, now)
+        if not queue:
             return [], None
         heapq.heapify(queue)
         placements: list[Placement] = []
         reserved: str | None = None
-        while queue and rooms.best() >= min_need:
-            _, c, _, p = heapq.heappop(queue)
-            target = self._choose(p, c, open_loads, rooms)
+        reserve_after = cfg.reserve_after_seconds
+        # Something in the queue may still fit (rooms only shrink, so once nothing can, stop).
+        while queue and (best >= min_need or (best >= min_gated and best_hbm >= min_hneed)):
+            _, c, _, p, need, hneed, waited_from = heapq.heappop(queue)
+            # Rooms only shrink while placing: a program larger than the best room (pool, or
+            # HBM for a held one) fits nowhere, and the check here saves a _choose call.
+            target = self._choose(p, c, open_loads, rooms) if need <= best and hneed <= best_hbm else None
             if target is None:
-                since = p.waiting_since if p.waiting_since is not None else p.created_at
-                if now - since >= cfg.reserve_after_seconds:
+                if now - waited_from >= reserve_after:
                     reserved = p.id
                     break
                 continue
             target.add(target.member(p, 1.0, cfg))
             rooms.update(target)
+            best, best_hbm = rooms.best(), rooms.best_hbm()
             key = target.backend.key
             placements.append(
                 Placement(p.id, key, admit=not p.admitted,

@@ -265,6 +265,28 @@ def test_head_of_line_reservation_stops_placements_behind_a_long_waiter():
     assert d.placements == () and d.reserved_for == "big"
 
 
+def test_a_long_waiter_held_back_only_by_the_hbm_condition_also_reserves():
+    t = ProgramTable()
+    b = backend("b", 1000, host=4000, inclusive=False)  # pool 5000, HBM 1000
+    active(t, "r", b, 700, reasoning=True)               # reasoning KV 701
+    paused(t, "big", b, 400, since=0.0, held=1)          # pool has room, HBM does not (701 + 401 > 1000)
+    paused(t, "small", b, 100, since=50.0)               # idle: not gated, fits
+    assert [p.program_id for p in policy(hbm_lambda=1.0).tick(55.0, t, [b]).placements] == ["small"]
+    d = policy(hbm_lambda=1.0).tick(61.0, t, [b])
+    assert d.placements == () and d.reserved_for == "big"
+
+
+def test_placements_backfill_past_a_held_program_the_shrunken_hbm_room_no_longer_takes():
+    t = ProgramTable()
+    b = backend("b", 1000, host=4000, inclusive=False)  # pool 5000, HBM 1000
+    active(t, "r", b, 300, reasoning=True)               # reasoning KV 301
+    paused(t, "h1", b, 500, since=0.0, held=1)           # 301 + 501 <= 1000: placed
+    paused(t, "h2", b, 300, since=1.0, held=1)           # 802 + 301 > 1000 now: skipped
+    paused(t, "i", b, 200, since=2.0)                    # idle: placed behind it
+    d = policy(hbm_lambda=1.0).tick(10.0, t, [b])
+    assert [p.program_id for p in d.placements] == ["h1", "i"] and d.reserved_for is None
+
+
 def test_backend_reporting_queueing_or_retraction_gets_no_restores():
     t = ProgramTable()
     b = backend("b", 1000)
