@@ -66,7 +66,7 @@ def test_first_llm_call_is_not_delayed_by_sandbox_setup_when_it_waits_for_admiss
         assert chat(r.url, "filler", 28_000).status_code == 200       # occupies ~28 K of 32 K
         t0 = time.monotonic()
         sid = httpx.post(f"{r.url}/programs/late/sandboxes", json={"setup": [["sleep", "3"]]}).json()["id"]
-        assert time.monotonic() - t0 < 0.5                              # create answers at once
+        assert time.monotonic() - t0 < 1.5                              # create answers at once (set-up takes 3 s)
 
         import threading
         done: dict[str, float] = {}
