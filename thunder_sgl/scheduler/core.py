@@ -54,7 +54,8 @@ class Decisions:
     pauses: tuple[str, ...] = ()
     placements: tuple[Placement, ...] = ()
     reserved_for: str | None = None
-    """A program so long-waiting that nothing behind it was placed this tick."""
+    """A program so long-waiting that nothing behind it was placed this tick (None when
+    nothing in the queue could have been placed anyway)."""
     demand: dict[str, float] = field(default_factory=dict)
     """Per backend, demand after the decisions."""
     pool: dict[str, float] = field(default_factory=dict)
@@ -239,6 +240,8 @@ class ThunderPolicy:
             return [], None
         rooms = _Rooms(open_loads.values())
         best, best_hbm = rooms.best(), rooms.best_hbm()
+        if best < 0:
+            return [], None  # every open backend is at its low watermark: nothing is placed
         queue, (min_need, min_gated, min_hneed) = self._queue(waiting, best, best_hbm, now)
         if not queue:
             return [], None
@@ -246,12 +249,21 @@ class ThunderPolicy:
         placements: list[Placement] = []
         reserved: str | None = None
         reserve_after = cfg.reserve_after_seconds
+        skipped = 0
         # Something in the queue may still fit (rooms only shrink, so once nothing can, stop).
         while queue and (best >= min_need or (best >= min_gated and best_hbm >= min_hneed)):
             _, c, _, p, need, hneed, waited_from = heapq.heappop(queue)
             # Rooms only shrink while placing: a program larger than the best room (pool, or
             # HBM for a held one) fits nowhere, and the check here saves a _choose call.
-            target = self._choose(p, c, open_loads, rooms) if need <= best and hneed <= best_hbm else None
+            if need <= best and hneed <= best_hbm:
+                target = self._choose(p, c, open_loads, rooms)
+            else:
+                target = None
+                skipped += 1
+                if skipped >= _PRUNE_AFTER and len(queue) > _PRUNE_AFTER:
+                    # Many in a row no longer fit: drop the rest that cannot, at once.
+                    queue, (min_need, min_gated, min_hneed) = _prune(queue, best, best_hbm, now, reserve_after)
+                    skipped = 0
             if target is None:
                 if now - waited_from >= reserve_after:
                     reserved = p.id
@@ -285,6 +297,32 @@ class ThunderPolicy:
         if private > rooms.best() or (gate and reasoning_add > rooms.best_hbm()):
             return None
         return rooms.first(ok)
+
+
+_PRUNE_AFTER = 128
+"""Consecutive too-large programs after which the rest of the queue is filtered at once."""
+
+
+def _prune(
+    queue: list[_Entry], best: float, best_hbm: float, now: float, reserve_after: float
+) -> tuple[list[_Entry], tuple[float, float, float]]:
+    """The entries that may still fit under the current rooms (a heap again), plus — as in
+    ``_queue`` — the best-ordered one among the rest that waited past ``reserve_after``, so a
+    long waiter still reserves; and the new smallest needs."""
+    keep = [e for e in queue if e[4] <= best and e[5] <= best_hbm]
+    inf = float("inf")
+    min_need = min((e[4] for e in keep if e[5] == -inf), default=inf)
+    min_gated = min((e[4] for e in keep if e[5] != -inf), default=inf)
+    min_hneed = min((e[5] for e in keep if e[5] != -inf), default=inf)
+    if len(keep) < len(queue):
+        blocker = min(
+            (e for e in queue if (e[4] > best or e[5] > best_hbm) and now - e[6] >= reserve_after),
+            default=None,
+        )
+        if blocker is not None:
+            keep.append(blocker)
+    heapq.heapify(keep)
+    return keep, (min_need, min_gated, min_hneed)
 
 
 class _Rooms:

@@ -287,6 +287,26 @@ def test_placements_backfill_past_a_held_program_the_shrunken_hbm_room_no_longer
     assert [p.program_id for p in d.placements] == ["h1", "i"] and d.reserved_for is None
 
 
+@pytest.mark.parametrize("long_waiter", [False, True])
+def test_a_long_run_of_programs_that_no_longer_fit_is_skipped_without_losing_order(long_waiter):
+    """Hundreds of held programs stop fitting the HBM room once h1 is placed: the queue walk
+    drops them in bulk, and still places what fits behind them, or stops at a long waiter."""
+    t = ProgramTable()
+    b = backend("b", 1000, host=4000, inclusive=False)  # pool 5000, HBM 1000
+    active(t, "r", b, 300, reasoning=True)               # reasoning KV 301
+    paused(t, "h1", b, 500, since=0.0, held=1)           # 301 + 501 <= 1000: placed first
+    for i in range(400):                                 # 802 + 301 > 1000 afterwards; waited < 60 s
+        paused(t, f"h2-{i:03d}", b, 300, since=45.0 + 0.01 * i, held=1)
+    if long_waiter:                                      # idle, waited 80 s, larger than the room left
+        paused(t, "old", b, 4500, since=20.0)
+    paused(t, "i", b, 200, since=21.0)                   # idle, fits
+    d = policy(hbm_lambda=1.0).tick(100.0, t, [b])
+    if long_waiter:
+        assert [p.program_id for p in d.placements] == ["h1"] and d.reserved_for == "old"
+    else:
+        assert [p.program_id for p in d.placements] == ["h1", "i"] and d.reserved_for is None
+
+
 def test_backend_reporting_queueing_or_retraction_gets_no_restores():
     t = ProgramTable()
     b = backend("b", 1000)
