@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The headline benchmark runs whose results are committed under bench/results/ (each results
 # directory also holds its exact command in command.txt). Run from the repository root after
-# `pip install -e ".[test]"` (smg is needed for the smg-cache_aware router). Takes ~2.7 h on 2 cores.
+# `pip install -e ".[test]"` (smg is needed for the smg-cache_aware router). Takes ~3 h on 2 cores.
 set -euo pipefail
 ROUTERS=thunder,thunder-paper,sglang-cache_aware,sglang-round_robin,smg-cache_aware
 
@@ -20,8 +20,10 @@ thunder-sgl bench --mode des --cluster qwen3-8b-rtx5090 --nodes 1 --programs 24,
 #     2 GLM nodes at 1× and 3× their KV capacity (≈ 140 programs of c̄ ≈ 15 K tokens per 1×).
 #     Keep the machine otherwise idle: client, router and workers share its cores.
 thunder-sgl bench --mode http --cluster glm46-fp8-h100x8 --nodes 2 --programs 140,420 \
-  --profile mini-swe-agent --routers thunder,sglang-cache_aware,smg-cache_aware \
-  --duration 900 --warmup 600 --time-scale 8 --seed 1 --name glm46-fp8-2n-http
+  --profile mini-swe-agent --routers $ROUTERS \
+  --duration 900 --warmup 600 --time-scale 8 --seed 1 --name glm46-fp8-2n-http-5routers
+#     (an earlier run with three routers is kept in bench/results/glm46-fp8-2n-http/:
+#      --routers thunder,sglang-cache_aware,smg-cache_aware --name glm46-fp8-2n-http)
 # (d) OpenHands profile (longer contexts) on the same 8 GLM nodes, 1×/2×/3× capacity (c̄ ≈ 38 K).
 thunder-sgl bench --mode des --cluster glm46-fp8-h100x8 --nodes 8 --programs 220,440,660 \
   --profile openhands --routers $ROUTERS --duration 1200 --warmup 1800 --seed 1 \
