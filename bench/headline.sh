@@ -22,7 +22,11 @@ thunder-sgl bench --mode des --cluster qwen3-8b-rtx5090 --nodes 1 --programs 24,
 thunder-sgl bench --mode http --cluster glm46-fp8-h100x8 --nodes 2 --programs 140,420 \
   --profile mini-swe-agent --routers $ROUTERS \
   --duration 900 --warmup 600 --time-scale 8 --seed 1 --name glm46-fp8-2n-http-5routers
-#     (an earlier run with three routers is kept in bench/results/glm46-fp8-2n-http/:
+#     The same configuration in DES mode, to compare the two modes:
+thunder-sgl bench --mode des --cluster glm46-fp8-h100x8 --nodes 2 --programs 140,420 \
+  --profile mini-swe-agent --routers $ROUTERS --duration 900 --warmup 600 --seed 1 \
+  --name glm46-fp8-2n-des
+#     (an earlier HTTP run with three routers is kept in bench/results/glm46-fp8-2n-http/:
 #      --routers thunder,sglang-cache_aware,smg-cache_aware --name glm46-fp8-2n-http)
 # (d) OpenHands profile (longer contexts) on the same 8 GLM nodes, 1×/2×/3× capacity (c̄ ≈ 38 K).
 thunder-sgl bench --mode des --cluster glm46-fp8-h100x8 --nodes 8 --programs 220,440,660 \
