@@ -295,8 +295,8 @@ class ThunderPolicy:
         if prev is not None and ok(prev):
             return prev
         # Not redundant with the caller's size check: with reasoning_add 0 (no held request)
-        # this still refuses a placement off the previous backend while every open backend's reasoning KV is past its
-        # HBM limit (best_hbm < 0), which ``fits`` alone would allow.
+        # this still refuses a placement off the previous backend while every open backend's
+        # reasoning KV is past its HBM limit (best_hbm < 0), which ``fits`` alone would allow.
         if private > rooms.best() or (gate and reasoning_add > rooms.best_hbm()):
             return None
         return rooms.first(ok)
