@@ -133,7 +133,6 @@ def build_admin_router(gw: Gateway) -> APIRouter:
             })
         return JSONResponse({"workers": out})
 
-    @router.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache(request: Request) -> JSONResponse:
         check_key(request, gw.admin_key, "admin key")
         session = gw.session
@@ -154,6 +153,10 @@ def build_admin_router(gw: Gateway) -> APIRouter:
         return JSONResponse({"status": "success" if not failed else "partial", "workers_flushed": len(ok),
                              "total_http_workers": len(workers), "failed": failed},
                             status_code=200 if not failed else 502)
+
+    # One route per method: a two-method route gets one operation id for both (FastAPI warns).
+    router.add_api_route("/flush_cache", flush_cache, methods=["POST"], name="flush_cache")
+    router.add_api_route("/flush_cache", flush_cache, methods=["GET"], name="flush_cache_get")
 
     @router.get("/metrics")
     async def metrics() -> Response:
