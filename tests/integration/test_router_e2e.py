@@ -147,16 +147,16 @@ def test_a_paused_program_is_restored_on_another_worker_when_its_own_is_full(clu
 @pytest.mark.parametrize("stream", [True, False])
 def test_client_disconnect_aborts_the_upstream_request(cluster, stream):
     sim, router = cluster
-    body = {"model": "tiny", "stream": stream, "max_tokens": 4000, "program_id": "quitter",
+    body = {"model": "tiny", "stream": stream, "max_tokens": 30000, "program_id": "quitter",
             "messages": [{"role": "user", "content": text(200, "q")}]}
     if stream:
         with httpx.Client(timeout=30) as h, h.stream("POST", router.url + "/v1/chat/completions", json=body) as r:
             assert r.status_code == 200
             for i, _ in enumerate(r.iter_lines()):
                 if i > 5:
-                    break  # leave with ~4000 tokens (≈ 40 s simulated) still to generate
+                    break  # leave with ~30000 tokens (≈ 30 s wall) still to generate
     else:
-        with pytest.raises(httpx.ReadTimeout):  # give up after 0.5 s (≈ 5 s simulated of ~40)
+        with pytest.raises(httpx.ReadTimeout):  # give up after 0.5 s (≈ 5 s simulated of ~300)
             httpx.post(router.url + "/v1/chat/completions", json=body, timeout=httpx.Timeout(30, read=0.5))
     def idle() -> bool:
         loads = [httpx.get(u + "/v1/loads").json()["loads"][0] for u in sim.urls]

@@ -74,13 +74,40 @@ async def forward(
     payload, headers, rid = upstream_request(gw, inbound, t, extra_headers)
     path = UPSTREAM_PATHS[inbound.route]
     timeout = aiohttp.ClientTimeout(total=gw.cfg.gateway.upstream_timeout_seconds, sock_connect=5)
-    resp = await _open(gw, t, path, payload, headers, timeout, disconnected)
-    if inbound.stream and resp.status == 200:
-        return StreamingResponse(
-            _relay(gw, inbound, t, resp, path, payload, headers, timeout, rid),
-            media_type="text/event-stream", headers=SSE_HEADERS,
-        )
-    return await _complete(gw, inbound, t, resp, rid, disconnected)
+    # Watch for the client leaving from the moment the request goes upstream: a real SGLang
+    # server sends the headers of a non-stream answer only when it is complete, so the wait for
+    # them is the whole generation. Then cancel, close upstream and abort the rid. One watcher
+    # task per request (a stream's relay watches through Starlette once it is returned).
+    me = asyncio.current_task()
+    gone = asyncio.ensure_future(disconnected())
+
+    def on_gone(f: asyncio.Future[Any]) -> None:
+        if not f.cancelled() and me is not None:
+            me.cancel()
+
+    gone.add_done_callback(on_gone)
+    resp: aiohttp.ClientResponse | None = None
+    try:
+        resp = await _open(gw, t, path, payload, headers, timeout, disconnected)
+        if inbound.stream and resp.status == 200:
+            return StreamingResponse(
+                _relay(gw, inbound, t, resp, path, payload, headers, timeout, rid),
+                media_type="text/event-stream", headers=SSE_HEADERS,
+            )
+        return await _complete(gw, inbound, t, resp)
+    except asyncio.CancelledError:
+        if gone.done() and not gone.cancelled():
+            if me is not None:
+                me.uncancel()
+            if resp is not None:
+                resp.close()
+            gw.spawn(abort(gw, t, rid), f"abort {rid}")
+            if t.backend is not None:
+                gw.finish(t, None)
+        raise
+    finally:
+        gone.remove_done_callback(on_gone)
+        gone.cancel()
 
 
 async def _open(gw: Gateway, t: Ticket, path: str, payload: bytes, headers: dict[str, str],
@@ -105,35 +132,14 @@ async def _open(gw: Gateway, t: Ticket, path: str, payload: bytes, headers: dict
     raise AssertionError("unreachable")
 
 
-async def _complete(gw: Gateway, inbound: Inbound, t: Ticket, resp: aiohttp.ClientResponse, rid: str,
-                    disconnected: Callable[[], Awaitable[Any]]) -> Response:
-    # Watch for the client leaving while the worker generates: then cancel the read and abort
-    # upstream. One watcher task per request, no extra task for the read itself.
-    me = asyncio.current_task()
-    gone = asyncio.ensure_future(disconnected())
-
-    def on_gone(f: asyncio.Future[Any]) -> None:
-        if not f.cancelled() and me is not None:
-            me.cancel()
-
-    gone.add_done_callback(on_gone)
+async def _complete(gw: Gateway, inbound: Inbound, t: Ticket, resp: aiohttp.ClientResponse) -> Response:
     try:
         data = await resp.read()
-    except asyncio.CancelledError:
-        if gone.done() and not gone.cancelled():
-            if me is not None:
-                me.uncancel()
-            resp.close()
-            gw.spawn(abort(gw, t, rid), f"abort {rid}")
-            gw.finish(t, None)
-        raise
     except (TimeoutError, aiohttp.ClientError) as e:
         gw.metrics.upstream_errors.labels("read").inc()
         gw.finish(t, None)
         raise UpstreamError(f"worker failed while answering: {type(e).__name__}: {e}", code="upstream_failed") from None
     finally:
-        gone.remove_done_callback(on_gone)
-        gone.cancel()
         resp.release()
     status = resp.status
     if status != 200:
