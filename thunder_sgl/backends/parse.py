@@ -30,6 +30,10 @@ class WorkerInfo:
     storage_backend: str | None = None
     storage_tokens: int = 0
     kv_bytes_per_token: int = 0
+    session_radix_cache: bool = False
+    """``--enable-session-radix-cache``: requests with a ``session_id`` reference their KV,
+    eviction takes unreferenced KV first, ``/close_session`` dereferences it."""
+    version: str = ""
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def tiers(self) -> Tiers:
@@ -86,6 +90,8 @@ def parse_server_info(data: Any) -> WorkerInfo:
         storage_backend=str(storage) if storage else None,
         storage_tokens=int(_num(data, "hicache_storage_capacity_tokens", default=0.0)),
         kv_bytes_per_token=int(_num(data, "kv_bytes_per_token", default=0.0)),
+        session_radix_cache=bool(data.get("enable_session_radix_cache")),
+        version=str(data.get("version") or ""),
         raw=data,
     )
 
@@ -102,6 +108,42 @@ class RankLoad:
     token_usage: float
     cache_hit_rate: float
     retracted_reqs: int
+    prefill_tokens_total: int = 0
+    """``total_prefill_uncached_tokens``: tokens prefilled since start (a counter)."""
+    prefill_busy_s_total: float = 0.0
+    """``total_prefill_busy_us`` / 1e6: seconds spent in prefill since start (a counter)."""
+    decode: DecodeMoments | None = None
+    """Sums over decode iterations since start (None before the first one)."""
+    gen_throughput: float = 0.0
+
+
+@dataclass(frozen=True)
+class DecodeMoments:
+    """SGLang's ``decode_moments``: over decode iterations, [n, Σb, Σt, Σb², Σb·t, Σgenerated]
+    with b the batch size and t the iteration time in µs (``scheduler._accumulate_decode_moment``).
+    Differences of two readings give the iterations in between, from which the iteration time
+    is regressed on the batch size."""
+
+    n: float
+    sum_b: float
+    sum_t_us: float
+    sum_b2: float
+    sum_bt: float
+    generated: float
+
+    @classmethod
+    def parse(cls, v: Any) -> DecodeMoments | None:
+        if not isinstance(v, list) or len(v) < 6 or not all(isinstance(x, (int, float)) for x in v[:6]):
+            return None
+        return cls(*(float(x) for x in v[:6]))
+
+    def __sub__(self, other: DecodeMoments) -> DecodeMoments:
+        return DecodeMoments(self.n - other.n, self.sum_b - other.sum_b, self.sum_t_us - other.sum_t_us,
+                             self.sum_b2 - other.sum_b2, self.sum_bt - other.sum_bt, self.generated - other.generated)
+
+    @property
+    def busy_s(self) -> float:
+        return self.sum_t_us / 1e6
 
 
 def parse_loads(data: Any) -> list[RankLoad]:
@@ -124,6 +166,10 @@ def parse_loads(data: Any) -> list[RankLoad]:
                 token_usage=_num(e, "token_usage", default=0.0),
                 cache_hit_rate=_num(e, "cache_hit_rate", default=0.0),
                 retracted_reqs=int(_num(queues, "retracted", default=0.0)),
+                prefill_tokens_total=int(_num(e, "total_prefill_uncached_tokens", default=0.0)),
+                prefill_busy_s_total=_num(e, "total_prefill_busy_us", default=0.0) / 1e6,
+                decode=DecodeMoments.parse(e.get("decode_moments")),
+                gen_throughput=_num(e, "gen_throughput", default=0.0),
             )
         )
     return out

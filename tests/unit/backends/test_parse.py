@@ -82,3 +82,49 @@ def test_prometheus_text_host_tier_gauges_by_rank():
 
 def test_no_hicache_means_no_host_tier():
     assert host_tier_by_rank(parse_prometheus('sglang:num_used_tokens{dp_rank="0"} 5\n')) == {}
+
+
+# ---- fixtures captured from a real SGLang 0.5.23 CPU server (bench/real/capture_fixtures.py)
+
+def _real(name: str) -> str:
+    return (DATA / f"sglang-0.5.23-cpu-{name}").read_text()
+
+
+@pytest.mark.parametrize("tag", ["busy", "idle"])
+def test_real_server_info_parses(tag):
+    import json
+
+    info = parse_server_info(json.loads(_real(f"server_info-{tag}.json")))
+    assert (info.hbm_tokens, info.dp_size, info.page_size, info.hicache) == (24576, 1, 1, False)
+    assert info.session_radix_cache and info.version == "0.5.23"
+    assert info.tiers().pool(tier_aware=True) == 24576
+
+
+def test_real_loads_busy_and_idle():
+    import json
+
+    busy = parse_loads(json.loads(_real("v1_loads-busy.json")))[0]
+    idle = parse_loads(json.loads(_real("v1_loads-idle.json")))[0]
+    assert busy.running_reqs == 4 and busy.used_tokens > 4 * 2000 and busy.max_total_tokens == 24576
+    assert idle.running_reqs == 0 and idle.waiting_reqs == 0 and idle.used_tokens == 0
+    # Counters only grow; the decode moments between the two readings are the iterations that
+    # finished the four requests (48 tokens each, all four in every batch but the last ones).
+    assert idle.prefill_tokens_total >= busy.prefill_tokens_total > 8000
+    assert idle.prefill_busy_s_total >= busy.prefill_busy_s_total > 0
+    assert busy.decode is not None and idle.decode is not None
+    d = idle.decode - busy.decode
+    assert d.n > 0 and 1 <= d.sum_b / d.n <= 4 and d.busy_s > 0
+    assert idle.decode.generated == pytest.approx(4 * 48 - 4, abs=8)  # the first token comes from prefill
+
+
+def test_real_metrics_carry_the_routing_names():
+    s = parse_prometheus(_real("metrics-busy.txt"))
+    for name in ("sglang:num_used_tokens", "sglang:token_usage", "sglang:cache_hit_rate",
+                 "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:max_total_num_tokens"):
+        assert name in s, name
+    assert metric_by_rank(s, "sglang:max_total_num_tokens") == {0: 24576.0}
+    # The gauges are refreshed at SGLang's log interval, so they lag /v1/loads (4 running then).
+    assert 1 <= metric_by_rank(s, "sglang:num_running_reqs")[0] <= 4
+    assert host_tier_by_rank(s) == {}  # no HiCache on the CPU
+    idle = parse_prometheus(_real("metrics-idle.txt"))
+    assert metric_by_rank(idle, "sglang:num_running_reqs")[0] == 0
