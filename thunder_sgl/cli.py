@@ -4,6 +4,7 @@
     thunder-sgl bench --cluster … --mode http  the policy comparison harness (bench/harness.py)
     thunder-sgl bench --report-only DIR        rebuild a results directory's tables and plots
     thunder-sgl soak --minutes 30              overload + scheduled faults: losses, leaks, RSS
+    thunder-sgl engine prepare | serve         real SGLang CPU engines (a venv of their own)
     thunder-sgl sim …                          simulated SGLang workers (python -m thunder_sgl.sim)
     thunder-sgl router …                       the router (thunder-router, a drop-in for sglang_router)
 
@@ -148,6 +149,21 @@ def _soak(args: argparse.Namespace, argv: list[str]) -> int:
     return verdict(asyncio.run(soak(args)))
 
 
+# ---------------------------------------------------------------- engine
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    from thunder_sgl.engine.cli import add_arguments
+
+    add_arguments(p)
+
+
+def _engine(args: argparse.Namespace, argv: list[str]) -> int:
+    from thunder_sgl.engine.cli import run
+
+    return run(args)
+
+
 COMMANDS: dict[str, Command] = {
     "demo": Command("thunder vs stock sglang_router cache_aware on a simulated cluster (a few minutes)",
                     _demo_args, _demo),
@@ -155,6 +171,8 @@ COMMANDS: dict[str, Command] = {
                      _bench_args, _bench),
     "soak": Command("hours at 2x KV overload with faults on a schedule; reports losses, leaks, RSS, max held wait",
                     _soak_args, _soak),
+    "engine": Command("real SGLang CPU engines: prepare (venv + model, once) and serve N on free ports",
+                      _engine_args, _engine),
 }
 
 
