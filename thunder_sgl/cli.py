@@ -66,7 +66,7 @@ def _csv(kind: Callable[[str], Any]) -> Callable[[str], tuple[Any, ...]]:
 
 
 def _bench_args(p: argparse.ArgumentParser) -> None:
-    from thunder_sgl.bench.harness import MODES, BenchSpec
+    from thunder_sgl.bench.harness import MODES, REAL_ROUTERS, BenchSpec
     from thunder_sgl.bench.results import ROUTERS
 
     d = BenchSpec()
@@ -74,13 +74,18 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", type=int, default=d.nodes, help="simulated nodes (workers)")
     p.add_argument("--programs", type=_csv(int), default=d.programs, help="concurrencies N, comma-separated (default: 24,48,96)")
     p.add_argument("--profile", default=d.profile, help="workload profile: a name in configs/workloads/ or a YAML path")
-    p.add_argument("--routers", default=",".join(d.routers),
-                   help=f"routers, comma-separated, run in this order (default: all: {','.join(ROUTERS)})")
+    p.add_argument("--routers", default=None,
+                   help=f"routers, comma-separated, run in this order (default: {','.join(ROUTERS)}; "
+                        f"real mode: {','.join(REAL_ROUTERS)}; also: direct)")
     p.add_argument("--duration", type=float, default=d.duration_s, help="measured window per run, simulated seconds")
     p.add_argument("--warmup", type=float, default=d.warmup_s, help="warm-up per run, simulated seconds (not measured)")
     p.add_argument("--time-scale", type=float, default=d.time_scale, help="http mode: simulated seconds per wall second")
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--mode", choices=MODES, default=d.mode, help="http: real processes; des: discrete-event, in process")
+    p.add_argument("--mode", choices=MODES, default=d.mode,
+                   help="http: real processes on simulated workers; des: discrete-event, in process; "
+                        "real: real SGLang CPU engines (thunder-sgl engine prepare)")
+    p.add_argument("--model", default=d.model, help="real mode: model size of the engines")
+    p.add_argument("--max-total-tokens", type=int, default=d.max_total_tokens, help="real mode: KV pool of each engine")
     p.add_argument("--name", default="", help="results directory name (default: <profile>-<cluster>-<nodes>n-<mode>)")
     p.add_argument("--out", type=Path, default=d.out, help="parent of the results directory")
     p.add_argument("--sample-every", type=float, default=d.sample_every_s, help="per-node memory sampling, simulated seconds")
@@ -98,7 +103,13 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
         for path in report_only(args.report_only):
             print(path)
         return 0
-    routers = tuple(r.strip() for r in args.routers.split(",") if r.strip())
+    from thunder_sgl.bench.harness import REAL_ROUTERS
+    from thunder_sgl.bench.results import ROUTERS
+
+    default = REAL_ROUTERS if args.mode == "real" else ROUTERS
+    routers = tuple(r.strip() for r in args.routers.split(",") if r.strip()) if args.routers else default
+    if args.mode == "real" and args.time_scale == BenchSpec().time_scale:
+        args.time_scale = 1.0
     try:
         router_args = tuple(tuple(x.split("=", 1)) for x in args.router_arg)
         if any(len(x) != 2 for x in router_args):
@@ -107,7 +118,8 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
                          profile=args.profile, routers=routers, duration_s=args.duration,
                          warmup_s=args.warmup, time_scale=args.time_scale, seed=args.seed,
                          mode=args.mode, name=args.name, out=args.out, sample_every_s=args.sample_every,
-                         router_args=router_args)  # type: ignore[arg-type]
+                         router_args=router_args, model=args.model,  # type: ignore[arg-type]
+                         max_total_tokens=args.max_total_tokens)
     except ValueError as e:
         print(f"thunder-sgl bench: {e}", file=sys.stderr)
         return 2

@@ -169,3 +169,14 @@ def test_make_baseline_rejects_unknown_names_listing_valid_ones() -> None:
     with pytest.raises(ValueError, match="sglang-round_robin"):
         make_baseline("power_of_two", 2)
     assert isinstance(make_baseline("smg-cache_aware", 2), SmgCacheAware)
+
+
+def test_direct_binds_each_program_to_one_worker_and_refills_the_freed_one() -> None:
+    from thunder_sgl.bench.baselines import Direct
+
+    d = Direct(2)
+    first = [d.select(RouteRequest(b"x", f"p{i}")) for i in range(4)]
+    assert first == [0, 1, 0, 1]
+    assert [d.select(RouteRequest(b"y", f"p{i}")) for i in range(4)] == first  # sticky
+    d.on_release("p1")
+    assert d.select(RouteRequest(b"z", "p9")) == 1  # the freed slot's worker

@@ -234,3 +234,16 @@ async def test_run_needs_an_end_and_known_options():
         await run_workload("http://127.0.0.1:1", tiny(), 1)
     with pytest.raises(TypeError):
         await run_workload("http://127.0.0.1:1", tiny(), 1, total_programs=1, colour="blue")
+
+
+async def test_with_several_endpoints_each_slot_keeps_one_and_programs_never_cross(fake_openai):
+    a, b = await fake_openai(), await fake_openai()
+    result = await asyncio.wait_for(run_workload([a.url, b.url], tiny(), 4, total_programs=8, time_scale=100.0,
+                                                 retry_backoff_s=0.001), 20)
+    assert len(result.programs) == 8 and all(p.outcome == "completed" for p in result.programs)
+    for p in result.programs:
+        here = a if p.endpoint == a.url else b
+        there = b if here is a else a
+        assert len(here.program_calls(p.program_id)) == 3 and not there.program_calls(p.program_id)
+    # Two slots per endpoint: each saw half the programs' calls at most one program apart.
+    assert abs(len(a.ok_calls) - len(b.ok_calls)) <= 3

@@ -76,6 +76,9 @@ class Policy:
     def evict(self, now: float) -> None:
         """Periodic maintenance."""
 
+    def on_release(self, program_id: str) -> None:
+        """The program ended (the agent released it)."""
+
     def _send(self, index: int) -> int:
         self.loads[index] += 1
         return index
@@ -400,12 +403,41 @@ class SmgCacheAware(SglangCacheAware):
         self.tree.evict(self.max_tree_size, per_tenant=False)
 
 
+class Direct(Policy):
+    """No router (``direct``): clients talk straight to the engines, each client slot to one of
+    them (``driver.run_workload`` with a list of endpoints: slot i → engine i mod n). In the
+    DES a program is bound when it starts to the engine with the fewest live programs — the
+    one the program that just ended used, so every engine keeps its share of the slots."""
+
+    name = "direct"
+
+    def __init__(self, n_workers: int) -> None:
+        super().__init__(n_workers)
+        self.owner: dict[str, int] = {}
+        self.live = [0] * n_workers
+
+    def select(self, request: RouteRequest) -> int:
+        pid = request.program_id or ""
+        i = self.owner.get(pid)
+        if i is None:
+            i = min(range(self.n), key=lambda k: (self.live[k], k))
+            self.owner[pid] = i
+            self.live[i] += 1
+        return self._send(i)
+
+    def on_release(self, program_id: str) -> None:
+        i = self.owner.pop(program_id, None)
+        if i is not None:
+            self.live[i] -= 1
+
+
 BASELINES: dict[str, type[Policy]] = {
+    "direct": Direct,
     "sglang-round_robin": RoundRobin,
     "sglang-cache_aware": SglangCacheAware,
     "smg-cache_aware": SmgCacheAware,
 }
-"""Stock routers by the names of ``results.ROUTERS``."""
+"""Stock routers (and no router) by the names of ``results.ALL_ROUTERS``."""
 
 
 def make_baseline(name: str, n_workers: int) -> Policy:

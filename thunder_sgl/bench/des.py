@@ -35,7 +35,7 @@ from thunder_sgl.bench.des_measure import Recorder
 from thunder_sgl.bench.des_route import Dispatch, Refused, StockRouter, ThunderRouter
 from thunder_sgl.bench.des_tokens import ProgramTokens, TokenLayout
 from thunder_sgl.bench.ideal import ideal_steps_per_min
-from thunder_sgl.bench.results import ROUTERS, RunResult
+from thunder_sgl.bench.results import ALL_ROUTERS, RunResult
 from thunder_sgl.bench.workload import ProgramSource, ProgramSpec, WorkloadProfile, load_profile
 from thunder_sgl.config import RouterConfig
 from thunder_sgl.sim import (
@@ -86,8 +86,8 @@ class DesRun:
                  programs: int, duration_s: float, warmup_s: float = 0.0, seed: int = 0,
                  router_config: RouterConfig | None = None, sample_every_s: float = 5.0,
                  progress: Callable[[float, dict[str, Any]], None] | None = None) -> None:
-        if router not in ROUTERS:
-            raise ValueError(f"unknown router {router!r}; valid: {', '.join(ROUTERS)}")
+        if router not in ALL_ROUTERS:
+            raise ValueError(f"unknown router {router!r}; valid: {', '.join(ALL_ROUTERS)}")
         if nodes < 1 or programs < 1 or duration_s <= 0 or warmup_s < 0 or sample_every_s <= 0:
             raise ValueError("need nodes >= 1, programs >= 1, duration_s > 0, warmup_s >= 0, sample_every_s > 0")
         self.cfg = load_sim_config(cluster) if isinstance(cluster, str) else cluster
@@ -412,7 +412,7 @@ def run_des(
     """Run ``programs`` concurrent programs of ``profile`` through ``router`` on ``nodes``
     simulated workers of ``cluster`` (a ``configs/sim`` name, or a SimConfig) for
     ``warmup_s + duration_s`` simulated seconds; measures cover the last ``duration_s``.
-    ``router`` is one of ``results.ROUTERS``. ``progress(sim_time, snapshot)`` is called every
+    ``router`` is one of ``results.ALL_ROUTERS``. ``progress(sim_time, snapshot)`` is called every
     5 simulated seconds."""
     return DesRun(cluster, nodes, router, profile, programs, duration_s, warmup_s, seed, router_config,
                   sample_every_s, progress).run()

@@ -211,7 +211,7 @@ class StockRouter:
         return []
 
     def release(self, agent: Any, now: float) -> None:
-        pass
+        self.policy.on_release(agent.pid)
 
     def next_time(self) -> float:
         return min(self.next_poll, self.next_evict)

@@ -126,9 +126,13 @@ class DriverEvent:
 
 class _Driver:
     def __init__(
-        self, endpoint: str, profile: WorkloadProfile, concurrency: int, o: DriverOptions
+        self, endpoint: str | list[str], profile: WorkloadProfile, concurrency: int, o: DriverOptions
     ) -> None:
-        self.endpoint = endpoint.rstrip("/")
+        endpoints = [endpoint] if isinstance(endpoint, str) else list(endpoint)
+        if not endpoints:
+            raise ValueError("need at least one endpoint")
+        self.endpoints = [e.rstrip("/") for e in endpoints]
+        self.endpoint = self.endpoints[0]
         self.concurrency = concurrency
         self.o = o
         self.system_text = system_prompt(profile.name, profile.system_prompt_tokens)
@@ -167,7 +171,8 @@ class _Driver:
                 self.model = await self._detect_model()
             self.t0 = asyncio.get_running_loop().time()
             slots = [
-                asyncio.create_task(self._slot(), name=f"slot-{i}") for i in range(self.concurrency)
+                asyncio.create_task(self._slot(self.endpoints[i % len(self.endpoints)]), name=f"slot-{i}")
+                for i in range(self.concurrency)
             ]
             try:
                 await asyncio.wait(
@@ -197,18 +202,19 @@ class _Driver:
             pass
         return "default"
 
-    async def _slot(self) -> None:
+    async def _slot(self, endpoint: str) -> None:
         failures = 0
         while (spec := self.source.next()) is not None:
-            if await self._run_program(spec) == "failed":
+            if await self._run_program(spec, endpoint) == "failed":
                 # A backend that rejects every program must not turn the loop into a hot spin.
                 failures += 1
                 await asyncio.sleep(min(self.o.retry_backoff_s * 2**failures, MAX_BACKOFF_S))
             else:
                 failures = 0
 
-    async def _run_program(self, spec: ProgramSpec) -> str:
+    async def _run_program(self, spec: ProgramSpec, endpoint: str) -> str:
         rec = ProgramRecord(spec.program_id, spec.index, len(spec.steps), self.now())
+        rec.endpoint = endpoint
         self.result.programs.append(rec)
         self.live[spec.program_id] = rec
         self.emit("program_start", spec.program_id, program=rec)
@@ -225,7 +231,7 @@ class _Driver:
             if self.o.tools is not None:
                 await self.o.tools.start(spec.program_id)
             for i, step in enumerate(spec.steps):
-                call = await self._call(conv, i)
+                call = await self._call(conv, i, endpoint)
                 if call is None:
                     rec.outcome = "failed"
                     break
@@ -249,10 +255,10 @@ class _Driver:
         await self._release(rec)
         return rec.outcome
 
-    async def _call(self, conv: Conversation, i: int) -> tuple[StepRecord, str] | None:
+    async def _call(self, conv: Conversation, i: int, endpoint: str) -> tuple[StepRecord, str] | None:
         """One LLM call with retries: (record, reply), or None when the program is abandoned."""
         body = conv.body(i)
-        url = self.endpoint + conv.path
+        url = endpoint + conv.path
         for attempt in range(self.o.max_retries + 1):
             srec = StepRecord(
                 conv.program_id, i, attempt, self.now(), 0.0, tool=conv.spec.steps[i].tool
@@ -309,7 +315,7 @@ class _Driver:
         if self.o.release and self.result.release_supported:
             try:
                 async with self.http.post(
-                    self.endpoint + release_path(rec.program_id),
+                    (rec.endpoint or self.endpoint) + release_path(rec.program_id),
                     timeout=aiohttp.ClientTimeout(total=10),
                 ) as resp:
                     body = await resp.read()
@@ -334,7 +340,7 @@ def _retry_after(value: str | None) -> float | None:
 
 
 async def run_workload(
-    endpoint: str,
+    endpoint: str | list[str],
     profile: WorkloadProfile | str | Path,
     concurrency: int,
     options: DriverOptions | None = None,
@@ -343,6 +349,9 @@ async def run_workload(
     """Run ``concurrency`` programs of ``profile`` (a profile, or its name or path) in a closed
     loop against ``endpoint`` (``http://host:port``, no path) until ``duration_s`` wall seconds
     have passed or ``total_programs`` programs have ended, whichever comes first.
+
+    ``endpoint`` may be a list: slot i then always talks to ``endpoint[i % n]`` (clients
+    straight to n engines, each with its share of the programs: the request-level baseline).
 
     ``overrides`` are ``DriverOptions`` fields:
     ``await run_workload(url, "mini-swe-agent", 64, duration_s=600, time_scale=20)``.

@@ -12,6 +12,10 @@ Modes:
   ``--warmup`` are simulated seconds, wall time is their sum / ``--time-scale``.
 - ``des``: the discrete-event simulation (``des.run_des``), same routers, same measures, no
   processes and no wall-clock limit on the simulated time.
+- ``real``: HTTP mode on real SGLang CPU servers (``harness_real``): ``--nodes`` engines of
+  ``--model`` with a ``--max-total-tokens`` pool each; times are wall seconds (time scale 1).
+  The router ``direct`` (no router: each client slot straight to one engine) is the
+  request-level baseline; it runs in the other modes too.
 
 A router that fails to start or a run that errors is recorded (``errors["run_failed"]`` and a
 note) and the sweep goes on; results are rewritten after every run, so an interrupted sweep
@@ -30,16 +34,22 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from thunder_sgl import __version__
 from thunder_sgl.bench.harness_progress import LiveProgress, Progress
 from thunder_sgl.bench.ideal import ideal_steps_per_min as physical_bound
 from thunder_sgl.bench.report import FAILED, load_meta, load_results, write_report
-from thunder_sgl.bench.results import ROUTERS, RunResult
+from thunder_sgl.bench.results import ALL_ROUTERS, ROUTERS, RunResult
 from thunder_sgl.bench.workload import WorkloadProfile, load_profile
 
-MODES = ("http", "des")
+if TYPE_CHECKING:
+    from thunder_sgl.bench.harness_http import HttpCluster
+    from thunder_sgl.bench.harness_real import RealCluster
+
+MODES = ("http", "des", "real")
+REAL_ROUTERS = ("direct", "sglang-cache_aware", "smg-cache_aware", "thunder", "thunder-paper")
+"""Default routers of a real-mode sweep."""
 
 
 @dataclass(frozen=True)
@@ -74,23 +84,39 @@ class BenchSpec:
     router_args: tuple[tuple[str, str], ...] = ()
     """HTTP mode: extra command-line arguments per router, ``(("thunder", "--thunder-lambda-max
     0.9"), …)`` (shell-quoted); recorded in the results' meta."""
+    model: str = "small"
+    """Real mode: the engines' model size (``thunder-sgl engine prepare --model``)."""
+    max_total_tokens: int = 24576
+    """Real mode: KV pool of each engine in tokens."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"unknown mode {self.mode!r}; valid: {', '.join(MODES)}")
-        unknown = [r for r in self.routers if r not in ROUTERS]
+        unknown = [r for r in self.routers if r not in ALL_ROUTERS]
         if unknown:
-            raise ValueError(f"unknown router(s) {', '.join(unknown)}; valid: {', '.join(ROUTERS)}")
+            raise ValueError(f"unknown router(s) {', '.join(unknown)}; valid: {', '.join(ALL_ROUTERS)}")
         if not self.routers or not self.programs or min(self.programs) < 1:
             raise ValueError("need at least one router and concurrencies >= 1")
         if any(r not in self.routers for r, _ in self.router_args):
             raise ValueError("router_args names a router that is not in the sweep")
         if self.nodes < 1 or self.duration_s <= 0 or self.warmup_s < 0 or self.time_scale <= 0:
             raise ValueError("need nodes >= 1, duration > 0, warmup >= 0, time scale > 0")
+        if self.mode == "real" and self.time_scale != 1.0:
+            raise ValueError("real mode runs in real time: --time-scale must be 1")
 
     @property
     def cluster_name(self) -> str:
+        if self.mode == "real":
+            from thunder_sgl.bench.harness_real import cluster_name
+
+            return cluster_name(self.model)
         return Path(self.cluster).stem if self.cluster.endswith((".yaml", ".yml")) else self.cluster
+
+    @property
+    def bound_config(self) -> str:
+        """The simulator config the §10 bound is computed with (real mode: the one calibrated
+        against these engines, ``configs/sim/sglang-cpu-gpt2-<model>.yaml``, if it exists)."""
+        return self.cluster_name if self.mode == "real" else self.cluster
 
     @property
     def results_name(self) -> str:
@@ -112,7 +138,7 @@ class BenchSpec:
 def ideal_steps_per_min(spec: BenchSpec, profile: WorkloadProfile, programs: int) -> float:
     """The §10 bound from ``bench/ideal.py`` (0 when it cannot be computed)."""
     try:
-        return float(physical_bound(spec.cluster, spec.nodes, profile, programs))
+        return float(physical_bound(spec.bound_config, spec.nodes, profile, programs))
     except Exception:  # noqa: BLE001 - a missing bound must not stop a sweep
         return 0.0
 
@@ -130,12 +156,12 @@ def run_bench(spec: BenchSpec, command: str = "", progress: Progress | None = No
     plan = [(r, n) for r in spec.routers for n in spec.programs]
     ideal = {n: ideal_steps_per_min(spec, profile, n) for n in spec.programs}
     results: list[RunResult] = []
-    runner = _HttpRunner(spec, profile, out) if spec.mode == "http" else None
+    runner = _HttpRunner(spec, profile, out) if spec.mode in ("http", "real") else None
     try:
         with progress:
             progress.plan(plan)
             if runner is not None:
-                progress.message(f"HTTP mode: {spec.nodes} × {spec.cluster_name}, {len(plan)} runs, "
+                progress.message(f"{spec.mode.upper()} mode: {spec.nodes} × {spec.cluster_name}, {len(plan)} runs, "
                                  f"≈ {spec.wall_estimate_s() / 60:.0f} min of measured wall time "
                                  f"at time scale {spec.time_scale:g}")
             for router, n in plan:
@@ -171,7 +197,13 @@ class _HttpRunner:
 
         self.spec, self.profile, self.out = spec, profile, out
         self.tmp = Path(tempfile.mkdtemp(prefix="thunder-bench-"))
-        self.cluster = HttpCluster(spec.cluster, spec.nodes, spec.time_scale, spec.seed, self.tmp)
+        self.cluster: HttpCluster | RealCluster
+        if spec.mode == "real":
+            from thunder_sgl.bench.harness_real import RealCluster
+
+            self.cluster = RealCluster(spec.nodes, spec.model, spec.max_total_tokens, self.tmp)
+        else:
+            self.cluster = HttpCluster(spec.cluster, spec.nodes, spec.time_scale, spec.seed, self.tmp)
 
     def run(self, router: str, programs: int, ideal: float, progress: Progress) -> RunResult:
         from thunder_sgl.bench.harness_http import RunPlan, http_run
@@ -181,6 +213,7 @@ class _HttpRunner:
                        s.sample_every_s, s.args_of(router),
                        {"cluster": s.cluster_name, "nodes": s.nodes, "ideal_steps_per_min": ideal})
         r = http_run(self.cluster, plan, progress, self.out / "logs")
+        r.mode = s.mode
         progress.end_run(r)
         return r
 

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 import psutil
@@ -33,6 +33,7 @@ import psutil
 from thunder_sgl.bench.driver import run_workload
 from thunder_sgl.bench.harness_measures import (
     Histogram,
+    engine_busy,
     imbalance,
     overhead_per_request,
     parse_counter,
@@ -41,8 +42,8 @@ from thunder_sgl.bench.harness_measures import (
 )
 from thunder_sgl.bench.procs import Proc, start_sim, start_stock, start_thunder
 from thunder_sgl.bench.report import FAILED
-from thunder_sgl.bench.results import RunResult
-from thunder_sgl.bench.sampler import NodeSampler, clean_cluster, scrape
+from thunder_sgl.bench.results import DIRECT, RunResult
+from thunder_sgl.bench.sampler import NodeSampler, clean_cluster, loads, scrape
 from thunder_sgl.bench.stats import WorkloadResult
 from thunder_sgl.bench.workload import WorkloadProfile
 
@@ -59,7 +60,7 @@ and thunder's hold (client, router and event-loop delays) ..."""
 KEEP_UP_LAG_S = 0.25
 """... and this process's event loop was late by less than this (p99, wall seconds)."""
 
-RouterStarter = Callable[[list[str], float, Path, list[str]], Proc]
+RouterStarter = Callable[[list[str], float, Path, list[str]], Proc | None]
 
 ROUTER_STARTERS: dict[str, RouterStarter] = {
     "thunder": lambda urls, scale, logs, extra: start_thunder(
@@ -72,18 +73,46 @@ ROUTER_STARTERS: dict[str, RouterStarter] = {
         urls, "round_robin", "sglang_router", extra=extra, log_dir=logs),
     "smg-cache_aware": lambda urls, scale, logs, extra: start_stock(
         urls, "cache_aware", "smg", extra=extra, log_dir=logs),
+    DIRECT: lambda urls, scale, logs, extra: None,
 }
 """How each router under test (``results.ROUTERS``) is started in front of the workers; the
 last argument is extra command-line arguments for that router."""
 
 
 def start_router(name: str, urls: list[str], time_scale: float, log_dir: Path,
-                 extra: list[str] | None = None) -> Proc:
+                 extra: list[str] | None = None) -> Proc | None:
+    """The router process in front of ``urls`` (None for ``direct``: no router)."""
     try:
         starter = ROUTER_STARTERS[name]
     except KeyError:
         raise ValueError(f"unknown router {name!r}; valid: {', '.join(ROUTER_STARTERS)}") from None
     return starter(urls, time_scale, log_dir, list(extra or []))
+
+
+class Workers(Protocol):
+    """The workers a run drives: simulated (one process) or real SGLang servers."""
+
+    @property
+    def urls(self) -> list[str]: ...
+
+    def alive(self) -> bool: ...
+
+    def pids(self) -> list[int]: ...
+
+
+@dataclass
+class SimWorkers:
+    proc: Proc
+
+    @property
+    def urls(self) -> list[str]:
+        return self.proc.urls
+
+    def alive(self) -> bool:
+        return self.proc.alive()
+
+    def pids(self) -> list[int]:
+        return [self.proc.popen.pid]
 
 
 @dataclass
@@ -97,11 +126,14 @@ class HttpCluster:
     log_dir: Path
     proc: Proc | None = None
 
-    def ensure(self) -> Proc:
+    def ensure(self) -> Workers:
         if self.proc is None or not self.proc.alive():
             self.proc = start_sim(self.config, workers=self.nodes, time_scale=self.time_scale,
                                   seed=self.seed, log_dir=self.log_dir / "sim")
-        return self.proc
+        return SimWorkers(self.proc)
+
+    def log_files(self) -> list[Path]:
+        return list((self.log_dir / "sim").glob("*.log"))
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -127,15 +159,26 @@ class RunPlan:
     """RunResult fields fixed by the sweep (cluster, nodes, ideal_steps_per_min)."""
 
 
+class Cluster(Protocol):
+    """What a sweep runs on: ``ensure`` (re)starts the workers, ``log_files`` for a failed run."""
+
+    log_dir: Path
+
+    def ensure(self) -> Workers: ...
+
+    def log_files(self) -> list[Path]: ...
+
+
 @dataclass
 class _Scrape:
     wall: float = 0.0
     router: str | None = None
     workers: list[str | None] = field(default_factory=list)
+    loads: list[list[dict[str, Any]] | None] = field(default_factory=list)
     cpu: dict[str, float] = field(default_factory=dict)
 
 
-def http_run(cluster: HttpCluster, plan: RunPlan, progress: Progress, keep_logs: Path,
+def http_run(cluster: Cluster, plan: RunPlan, progress: Progress, keep_logs: Path,
              diagnostics: dict[str, Any] | None = None) -> RunResult:
     """One measured run; never raises for a failure of the run itself (the result says so and
     the sim and router logs are copied to ``keep_logs``). KeyboardInterrupt propagates after
@@ -147,23 +190,24 @@ def http_run(cluster: HttpCluster, plan: RunPlan, progress: Progress, keep_logs:
                        steps_per_min=0.0, kv_hit_rate=0.0, time_scale=plan.time_scale,
                        **plan.base)
     router: Proc | None = None
+    direct = plan.router == DIRECT
     t_start = time.monotonic()
     try:
         progress.start_run(plan.router, plan.programs, plan.warmup_s + plan.duration_s,
                            plan.warmup_s, plan.time_scale)
-        sim = cluster.ensure()
+        workers = cluster.ensure()
         progress.status("cleaning cluster")
-        asyncio.run(_clean(sim.urls))
-        progress.status("starting router")
-        router = start_router(plan.router, sim.urls, plan.time_scale, run_logs, list(plan.router_args))
-        work, warm, end, samples, lag = asyncio.run(_measure(sim, router, plan, progress))
+        asyncio.run(_clean(workers.urls))
+        progress.status("starting router" if not direct else "no router: clients straight to the engines")
+        router = start_router(plan.router, workers.urls, plan.time_scale, run_logs, list(plan.router_args))
+        work, warm, end, samples, lag = asyncio.run(_measure(workers, router, plan, progress))
         diag = _fill(result, plan, work, warm, end, samples, lag)
         if diagnostics is not None:
             diagnostics.update(diag)
-        if not router.alive():
+        if router is not None and not router.alive():
             _fail(result, f"router exited during the run (code {router.popen.returncode})")
-        elif not sim.alive():
-            _fail(result, "simulated cluster exited during the run")
+        elif not workers.alive():
+            _fail(result, "a worker exited during the run")
     except Exception as e:  # noqa: BLE001 - a failed run is a result
         _fail(result, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300])
     finally:
@@ -180,7 +224,9 @@ async def _clean(urls: list[str]) -> None:
         await clean_cluster(http, urls, CLEAN_TIMEOUT_S)
 
 
-def _cpu_seconds(pid: int) -> float:
+def _cpu_seconds(pid: int | None) -> float:
+    if pid is None:
+        return 0.0
     try:
         p = psutil.Process(pid)
         procs = [p, *p.children(recursive=True)]
@@ -189,29 +235,32 @@ def _cpu_seconds(pid: int) -> float:
         return 0.0
 
 
-async def _scrape(http: aiohttp.ClientSession, sim: Proc, router: Proc, thunder: bool) -> _Scrape:
-    r = await scrape(http, router.url) if thunder else None
-    workers = list(await asyncio.gather(*(scrape(http, u) for u in sim.urls)))
-    cpu = {"sim": _cpu_seconds(sim.popen.pid), "router": _cpu_seconds(router.popen.pid),
-           "client": _cpu_seconds(psutil.Process().pid)}
-    return _Scrape(time.monotonic(), r, workers, cpu)
+async def _scrape(http: aiohttp.ClientSession, workers: Workers, router: Proc | None, thunder: bool) -> _Scrape:
+    r = await scrape(http, router.url) if thunder and router is not None else None
+    texts = list(await asyncio.gather(*(scrape(http, u) for u in workers.urls)))
+    rank_loads = list(await asyncio.gather(*(loads(http, u) for u in workers.urls)))
+    me = psutil.Process()
+    cpu = {"sim" if isinstance(workers, SimWorkers) else "engines": sum(_cpu_seconds(p) for p in workers.pids()),
+           "router": _cpu_seconds(router.popen.pid if router is not None else None),
+           "client": sum(me.cpu_times()[:2])}  # this process only: the workers and router are its children
+    return _Scrape(time.monotonic(), r, texts, rank_loads, cpu)
 
 
-async def _measure(sim: Proc, router: Proc, plan: RunPlan, progress: Progress
+async def _measure(workers: Workers, router: Proc | None, plan: RunPlan, progress: Progress
                    ) -> tuple[WorkloadResult, _Scrape, _Scrape, list[tuple[float, list[float]]], list[float]]:
     scale = plan.time_scale
     thunder = plan.router.startswith("thunder")
     warm_wall = plan.warmup_s / scale
     async with aiohttp.ClientSession() as http:
         progress.running()
-        sampler = NodeSampler(http, sim.urls, plan.sample_every_s / scale, scale)
-        warm = await _scrape(http, sim, router, thunder) if warm_wall <= 0 else _Scrape()
+        sampler = NodeSampler(http, workers.urls, plan.sample_every_s / scale, scale)
+        warm = await _scrape(http, workers, router, thunder) if warm_wall <= 0 else _Scrape()
         lags: list[float] = []
 
         async def at_warmup() -> None:
             nonlocal warm
             await asyncio.sleep(warm_wall)
-            warm = await _scrape(http, sim, router, thunder)
+            warm = await _scrape(http, workers, router, thunder)
 
         async def watch() -> None:
             while True:
@@ -219,14 +268,15 @@ async def _measure(sim: Proc, router: Proc, plan: RunPlan, progress: Progress
                 await asyncio.sleep(0.1)
                 lags.append(time.perf_counter() - t - 0.1)
                 progress.tick()
-                if not router.alive():
+                if router is not None and not router.alive():
                     progress.status("router died")
 
         tasks = [asyncio.create_task(c) for c in (sampler.run(), watch())]
         if warm_wall > 0:
             tasks.append(asyncio.create_task(at_warmup()))
         try:
-            work = await run_workload(router.url, plan.profile, plan.programs,
+            target: str | list[str] = router.url if router is not None else workers.urls
+            work = await run_workload(target, plan.profile, plan.programs,
                                       duration_s=(plan.warmup_s + plan.duration_s) / scale,
                                       warmup_s=warm_wall, time_scale=scale, seed=plan.seed,
                                       on_event=progress.driver_event)
@@ -234,7 +284,7 @@ async def _measure(sim: Proc, router: Proc, plan: RunPlan, progress: Progress
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-        end = await _scrape(http, sim, router, thunder)
+        end = await _scrape(http, workers, router, thunder)
     return work, warm, end, sampler.samples, lags
 
 
@@ -252,6 +302,7 @@ def _fill(r: RunResult, plan: RunPlan, work: WorkloadResult, warm: _Scrape, end:
     r.errors = dict(s["errors"])
     r.recompute_tokens = recompute_tokens(work.steps, work.warmup_s, work.wall_s)
     r.node_imbalance_mean, r.node_imbalance_max = imbalance(samples, plan.warmup_s)
+    r.engine_busy = engine_busy(warm.loads, end.loads, (end.wall - warm.wall) * scale)
     step = max(1, len(samples) // MAX_MEMORY_SAMPLES)
     r.memory = [(round(t, 2), [round(x, 4) for x in v]) for t, v in samples[::step]]
     notes: list[str] = []
@@ -302,9 +353,9 @@ def _fail(r: RunResult, why: str) -> None:
     r.notes = (why + ("; " + r.notes if r.notes else "")).strip()
 
 
-def _keep_logs(cluster: HttpCluster, run_logs: Path, dest: Path) -> None:
+def _keep_logs(cluster: Cluster, run_logs: Path, dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
-    for src in [*run_logs.glob("*.log"), *(cluster.log_dir / "sim").glob("*.log")]:
+    for src in [*run_logs.glob("*.log"), *cluster.log_files()]:
         try:
             shutil.copy2(src, dest / src.name)
         except OSError:

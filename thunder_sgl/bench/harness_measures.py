@@ -16,6 +16,7 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from thunder_sgl.bench.stats import StepRecord
 
@@ -42,6 +43,30 @@ def imbalance(samples: Sequence[tuple[float, Sequence[float]]], t_from: float = 
     if not spreads:
         return 0.0, 0.0
     return sum(spreads) / len(spreads), max(spreads)
+
+
+def engine_busy(before: Sequence[Sequence[dict[str, Any]] | None], after: Sequence[Sequence[dict[str, Any]] | None],
+                seconds: float) -> float:
+    """Mean over engine ranks of the share of ``seconds`` they spent computing: Δ
+    ``total_prefill_busy_us`` + Δ Σt of ``decode_moments`` (SGLang's own accounting of
+    prefill and decode iterations, ``/v1/loads``) over the window. 0 when not reported."""
+    from thunder_sgl.backends.parse import DecodeMoments
+
+    shares: list[float] = []
+    if seconds <= 0:
+        return 0.0
+    for b, a in zip(before, after, strict=False):
+        if not b or not a:
+            continue
+        for eb, ea in zip(b, a, strict=False):
+            if "total_prefill_busy_us" not in ea:
+                continue
+            busy = (float(ea.get("total_prefill_busy_us") or 0) - float(eb.get("total_prefill_busy_us") or 0)) / 1e6
+            db, da = DecodeMoments.parse(eb.get("decode_moments")), DecodeMoments.parse(ea.get("decode_moments"))
+            if da is not None:
+                busy += (da - db).busy_s if db is not None else da.busy_s
+            shares.append(min(1.0, max(0.0, busy / seconds)))
+    return sum(shares) / len(shares) if shares else 0.0
 
 
 _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")

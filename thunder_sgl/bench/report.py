@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from thunder_sgl.bench.results import ROUTERS, RunResult
+from thunder_sgl.bench.results import ALL_ROUTERS, RunResult
 
 FAILED = "run_failed"
 """Key of ``RunResult.errors`` marking a run that did not complete (router did not start, …)."""
@@ -47,9 +47,9 @@ def groups(results: Iterable[RunResult]) -> dict[Group, list[RunResult]]:
 
 
 def router_order(names: Iterable[str]) -> list[str]:
-    """Known routers in ``ROUTERS`` order, then any other name alphabetically."""
+    """Known routers in ``ALL_ROUTERS`` order, then any other name alphabetically."""
     names = set(names)
-    return [n for n in ROUTERS if n in names] + sorted(names - set(ROUTERS))
+    return [n for n in ALL_ROUTERS if n in names] + sorted(names - set(ALL_ROUTERS))
 
 
 # ---------------------------------------------------------------- CSV / JSON

@@ -11,8 +11,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ROUTERS = ("thunder", "thunder-paper", "sglang-cache_aware", "sglang-round_robin", "smg-cache_aware")
-"""Routers under test, by name: ours (tier-aware), ours as the paper describes it, and the
-stock peers: sglang_router 0.3.2 with cache_aware and round_robin, smg 1.13.0 with cache_aware."""
+"""Routers of a sweep by default, by name: ours (tier-aware), ours as the paper describes it,
+and the stock peers: sglang_router 0.3.2 with cache_aware and round_robin, smg 1.13.0 with
+cache_aware."""
+
+DIRECT = "direct"
+"""No router: each client talks straight to one engine (the request-level engine)."""
+
+ALL_ROUTERS = (*ROUTERS, DIRECT)
+"""Every router a sweep may name."""
 
 
 @dataclass
@@ -52,6 +59,9 @@ class RunResult:
     steps_completed: int = 0
     ideal_steps_per_min: float = 0.0
     """The physical bound of calibration.md §10 for the same configuration."""
+    engine_busy: float = 0.0
+    """Mean share of the window the engines spent in prefill or decode iterations (their own
+    ``/v1/loads`` counters); 0 where not reported."""
     time_scale: float = 1.0
     wall_s: float = 0.0
     errors: dict[str, int] = field(default_factory=dict)
@@ -65,7 +75,7 @@ class RunResult:
         "completion_tokens", "node_imbalance_mean", "node_imbalance_max", "program_completion_p50_s",
         "program_completion_p99_s", "step_latency_p50_s", "step_latency_p99_s", "held_wait_p50_s",
         "held_wait_p99_s", "held_wait_max_s", "programs_completed", "programs_failed", "steps_completed",
-        "time_scale", "wall_s",
+        "engine_busy", "time_scale", "wall_s",
     )
 
     def row(self) -> dict[str, Any]:

@@ -72,6 +72,8 @@ class ProgramRecord:
     """running | completed | failed (a step kept failing) | cancelled (the run ended first)."""
     released: bool = False
     """A release call was answered 2xx (False where the router has no program routes)."""
+    endpoint: str = ""
+    """Where the program's requests went (the router, or one engine for the direct baseline)."""
 
 
 def percentile(values: list[float], q: float) -> float | None:

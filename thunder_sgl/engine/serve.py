@@ -110,6 +110,9 @@ class EngineCluster:
     def alive(self) -> bool:
         return all(p.alive() for p in self.procs)
 
+    def pids(self) -> list[int]:
+        return [p.popen.pid for p in self.procs]
+
     def stop(self) -> None:
         for p in self.procs:
             p.stop(timeout=15)

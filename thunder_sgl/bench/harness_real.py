@@ -1,0 +1,46 @@
+"""Real mode of the harness: the same runs as HTTP mode, on real SGLang CPU servers.
+
+The engines (``thunder_sgl.engine``) start once per sweep — ``--nodes`` servers with the
+sweep's model and KV pool, session radix cache on — and are made clean (idle, flushed, nothing
+used) before every run, exactly as the simulated cluster in HTTP mode. Time is real: the time
+scale is 1, warm-up and duration are wall seconds. A server that died is restarted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from thunder_sgl.engine import EngineCluster, EngineEnv, EngineOptions, start_engines
+
+
+@dataclass
+class RealCluster:
+    nodes: int
+    model: str
+    max_total_tokens: int
+    log_dir: Path
+    seed: int = 0
+    cluster: EngineCluster | None = None
+
+    def ensure(self) -> EngineCluster:
+        if self.cluster is None or not self.cluster.alive():
+            if self.cluster is not None:
+                self.cluster.stop()
+            env = EngineEnv.locate()
+            opts = EngineOptions(model=env.model(self.model, self.seed), max_total_tokens=self.max_total_tokens)
+            self.cluster = start_engines(self.nodes, opts, env, self.log_dir / "engines")
+        return self.cluster
+
+    def log_files(self) -> list[Path]:
+        return list((self.log_dir / "engines").glob("*.log"))
+
+    def stop(self) -> None:
+        if self.cluster is not None:
+            self.cluster.stop()
+            self.cluster = None
+
+
+def cluster_name(model: str) -> str:
+    """Name of a real cluster in results, and of the simulator config calibrated against it."""
+    return f"sglang-cpu-gpt2-{model}"
