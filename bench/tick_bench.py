@@ -23,17 +23,17 @@ import time
 from thunder_sgl.backends import Backend, Tiers
 from thunder_sgl.config import SchedulerConfig
 from thunder_sgl.programs import ProgramTable, Usage
-from thunder_sgl.scheduler import ThunderPolicy, apply
+from thunder_sgl.scheduler import ThunderScheduler, apply
 
 
-def build(n_programs: int, n_backends: int, seed: int = 1) -> tuple[ThunderPolicy, ProgramTable, list[Backend]]:
+def build(n_programs: int, n_backends: int, seed: int = 1) -> tuple[ThunderScheduler, ProgramTable, list[Backend]]:
     rng = random.Random(seed)
     backends = [
         Backend(f"http://node{i}:30000", 0, Tiers(hbm_tokens=1_050_000, host_tokens=2_100_000))
         for i in range(n_backends)
     ]
     table = ProgramTable()
-    policy = ThunderPolicy(SchedulerConfig())
+    policy = ThunderScheduler(SchedulerConfig())
     for i in range(n_programs):
         p = table.create(f"prog-{i}", 0.0)
         p.prefix_key, p.shared_prefix_tokens = "swe-system", 1500

@@ -80,6 +80,14 @@ class SchedulerConfig:
     kick_min_interval_seconds: float = 0.05
     """Minimum spacing of event-driven ticks (on arrivals of held or new programs)."""
 
+    admission: str = "cost"
+    """How far each backend's pool is filled: ``cost`` (the watermarks plus what the measured
+    costs justify beyond them, ``scheduler/admission.py``) or ``fixed`` (the watermarks only)."""
+
+    session_refs: bool = True
+    """Reference the KV of the programs thunder keeps (``session_id`` = program id, on workers
+    started with ``--enable-session-radix-cache``) and dereference it on pause and release."""
+
     def __post_init__(self) -> None:
         _check(self.tick_seconds > 0, "scheduler.tick_seconds must be > 0")
         _check(self.decay_base >= 1.0, "scheduler.decay_base must be >= 1 (1 disables decay)")
@@ -93,6 +101,7 @@ class SchedulerConfig:
         _check(self.default_output_tokens >= 1, "scheduler.default_output_tokens must be >= 1")
         _check(0 < self.output_ema_alpha <= 1, "scheduler.output_ema_alpha must be in (0, 1]")
         _check(self.kick_min_interval_seconds >= 0, "scheduler.kick_min_interval_seconds must be >= 0")
+        _check(self.admission in ("cost", "fixed"), "scheduler.admission must be cost or fixed")
 
     _TIME_FIELDS = ("tick_seconds", "held_bonus_seconds", "idle_bonus_seconds", "reserve_after_seconds", "kick_min_interval_seconds")
 

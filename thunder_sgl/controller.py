@@ -32,8 +32,10 @@ from thunder_sgl.backends.backend import Backend
 from thunder_sgl.config import RouterConfig
 from thunder_sgl.errors import Conflict, NoBackend, NotFound, Overloaded
 from thunder_sgl.programs import Program, ProgramState, ProgramTable, Usage
+from thunder_sgl.config import SchedulerConfig
 from thunder_sgl.scheduler import Decisions, apply, least_loaded, make_policy
-from thunder_sgl.scheduler.capacity import expected_output
+from thunder_sgl.scheduler.cost import program_cost
+from thunder_sgl.scheduler.gate import hbm_fits
 
 
 def prefix_key_of(text: str) -> str:
@@ -102,6 +104,8 @@ class Controller:
         self.cfg = config
         self.policy_name = policy
         self.policy = make_policy(policy, config.scheduler, config.monitor.stale_after_seconds)
+        self.sched: SchedulerConfig = self.policy.cfg
+        """The one source of scheduling parameters: the configuration as the policy adjusted it."""
         self.programs = ProgramTable()
         self.backends: dict[str, Backend] = {}
         self.stats = Stats()
@@ -175,7 +179,7 @@ class Controller:
         if p is None or self.programs.get(p.id) is not p or p.in_flight == 0:
             return []  # stateless, or released meanwhile
         first = p.steps == 0
-        p.finish_request(now, usage, self.cfg.scheduler.output_ema_alpha)
+        p.finish_request(now, usage, self.sched.output_ema_alpha)
         if usage is not None:
             if t.prompt_chars and usage.prompt_tokens:
                 cpt = t.prompt_chars / usage.prompt_tokens
@@ -239,10 +243,33 @@ class Controller:
         if p.in_flight == 0:
             p.acting_since = now
 
+    def failover(self, t: Ticket, now: float) -> list[Ticket]:
+        """``t`` could not reach its backend before any byte was sent: the request ends without
+        usage and its program goes back to the queue, to be placed wherever the next tick
+        chooses (the caller retries ``t``). Returns held tickets the freed room lets through."""
+        out = self.finish(t, now, None)
+        p = t.program
+        if p is not None and self.programs.get(p.id) is p and p.active and not p.in_flight:
+            self.programs.pause(p, now)
+            self.stats.pauses += 1
+        t.backend = t.dispatched_at = None
+        self._kick = True
+        return out
+
     # ---- the tick -----------------------------------------------------------------------
-    def wants_tick(self, now: float) -> bool:
-        """An event-driven tick is due: something arrived that waits for the scheduler."""
-        return self._kick and now - self._last_tick >= self.cfg.scheduler.kick_min_interval_seconds
+    def kick(self) -> None:
+        """Something arrived that waits for the scheduler: tick soon."""
+        self._kick = True
+
+    def next_tick_at(self) -> float:
+        """When the next tick is due: ``tick_seconds`` after the last one, or — once something
+        waits for the scheduler (a new or held program, a release, a worker change) —
+        ``kick_min_interval_seconds`` after it. Both drivers (the gateway's loop and the DES)
+        tick at this time."""
+        due = self._last_tick + self.sched.tick_seconds
+        if self._kick:
+            due = min(due, self._last_tick + self.sched.kick_min_interval_seconds)
+        return due
 
     def tick(self, now: float) -> TickResult:
         self._last_tick = now
@@ -298,26 +325,24 @@ class Controller:
         return int(t.prompt_chars / cpt)
 
     def _gate_open(self, p: Program, estimate: int) -> bool:
-        """The HBM condition: reasoning KV on p's backend, with p, fits hbm_lambda × HBM."""
-        if not self.policy.cfg.tier_aware or p.backend is None:
+        """The HBM condition (``scheduler.gate``) for p's request on p's backend."""
+        if not self.sched.tier_aware or p.backend is None:
             return True
         b = self.backends.get(p.backend)
         if b is None:
             return False
-        used = self._reasoning_tokens(p.backend, exclude=p)
-        return used == 0 or used + self._need(p, estimate) <= self._hbm_limit(b)
+        return hbm_fits(self._reasoning_tokens(p.backend, exclude=p), self._need(p, estimate), self._hbm_limit(b))
 
     def _reasoning_tokens(self, key: str, exclude: Program | None = None) -> float:
-        """KV the backend's reasoning programs hold or will hold (context + expected output)."""
-        cfg = self.policy.cfg
-        return sum(q.demand_tokens() + expected_output(q, cfg)
-                   for q in self.programs.on_backend(key) if q.in_flight and q is not exclude)
+        """KV the backend's programs with a request in flight hold or will hold."""
+        out = float(self.sched.default_output_tokens)
+        return sum(program_cost(q, out).hbm for q in self.programs.on_backend(key) if q.in_flight and q is not exclude)
 
     def _need(self, p: Program, estimate: int) -> float:
-        return max(p.context_tokens, estimate) + expected_output(p, self.policy.cfg)
+        return program_cost(p, float(self.sched.default_output_tokens), estimate).hbm
 
     def _hbm_limit(self, b: Backend) -> float:
-        return self.policy.cfg.hbm_lambda * b.tiers.hbm_tokens if self.policy.cfg.tier_aware else float("inf")
+        return self.sched.hbm_lambda * b.tiers.hbm_tokens if self.sched.tier_aware else float("inf")
 
     def _dispatch(self, t: Ticket, p: Program, now: float, estimate: int) -> Backend:
         b = self.backends[p.backend]  # type: ignore[index]
@@ -381,7 +406,7 @@ class Controller:
         for p in cands:
             est = self._estimate(p, self._held[p.id][0])
             need = self._need(p, est)
-            if used > 0 and used + need > limit:
+            if not hbm_fits(used, need, limit):
                 break  # the oldest waits first
             out.append(self._take(p, now, est))
             used += need

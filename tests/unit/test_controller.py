@@ -43,7 +43,7 @@ def test_first_request_creates_a_queued_program_admitted_by_the_next_tick():
     assert c.submit(t, 0.0) is None
     p = c.programs.get("p")
     assert (p.state, p.admitted, p.held, c.held_count) == (ProgramState.PAUSED, False, 1, 1)
-    assert c.wants_tick(0.0)
+    assert c.next_tick_at() <= 0.0
     r = c.tick(0.0)
     assert r.dispatched == [t] and t.backend.key == "http://w0"
     assert (p.state, p.phase, p.in_flight, p.held, c.stats.admissions) == (ProgramState.ACTIVE, Phase.REASONING, 1, 0, 1)

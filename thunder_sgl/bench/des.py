@@ -241,7 +241,7 @@ class DesRun:
         while True:
             tw = wheap[0][0] if wheap else math.inf
             te = events[0][0] if events else math.inf
-            tr = router.next_time()
+            tr = max(router.next_time(), self.now)  # a tick due in the past runs now
             t = min(tw, te, tr, next_sample, next_progress)
             if t > end:
                 break

@@ -58,9 +58,9 @@ class Refused(Exception):
 class ThunderRouter:
     """The thunder policy: ``Controller`` + a monitor poll + the gateway's scheduler loop.
 
-    The loop is the gateway's (``gateway.runtime._scheduler_loop``): a tick every
-    ``tick_seconds`` after the previous tick, and sooner when a request is held or a program
-    released — then at ``max(now, last tick + kick_min_interval_seconds)``. Tickets are sized
+    The loop is the gateway's (``gateway.runtime._scheduler_loop``): a tick at
+    ``Controller.next_tick_at()`` — ``tick_seconds`` after the previous one, or sooner when a
+    request is held or a program released, but not before ``kick_min_interval_seconds``. Tickets are sized
     as the gateway sizes a chat request: characters (≈ 4 per token) and the system prompt's
     identity and length.
     """
@@ -85,8 +85,6 @@ class ThunderRouter:
             self.hicache.append(info.hicache)
         self.prefix_key = prefix_key_of(prefix_identity)
         self.prefix_chars = CHARS_PER_TOKEN * system_text_tokens
-        self.last_tick = 0.0
-        self.kick_at: float | None = None
         self.next_poll = 0.0
         self.poll(0.0)
 
@@ -125,26 +123,18 @@ class ThunderRouter:
         return Dispatch(t.waiter, i, rank)
 
     def _kick(self, now: float) -> None:
-        if self.kick_at is None:
-            self.kick_at = max(now, self.last_tick + self.cfg.scheduler.kick_min_interval_seconds)
+        self.ctl.kick()
 
     # ---- timers -------------------------------------------------------------------------
     def next_time(self) -> float:
-        tick = self.last_tick + self.cfg.scheduler.tick_seconds
-        if self.kick_at is not None and self.kick_at < tick:
-            tick = self.kick_at
-        return min(tick, self.next_poll)
+        return min(self.ctl.next_tick_at(), self.next_poll)
 
     def run_timers(self, now: float, expired: list[Any]) -> list[Dispatch]:
         """Polls and ticks due at ``now``; agents whose held request timed out go to ``expired``."""
         if self.next_poll <= now:
             self.poll(now)
         out: list[Dispatch] = []
-        due = self.last_tick + self.cfg.scheduler.tick_seconds
-        if self.kick_at is not None:
-            due = min(due, self.kick_at)
-        if due <= now:
-            self.last_tick, self.kick_at = now, None
+        if self.ctl.next_tick_at() <= now:
             res = self.ctl.tick(now)
             out = [self._dispatch(t) for t in res.dispatched]
             for t in res.expired:

@@ -127,21 +127,26 @@ class Gateway:
         return {"Authorization": f"Bearer {self.settings.api_key}"} if self.settings.api_key else {}
 
     # ---- workers ------------------------------------------------------------------------
+    def kick(self) -> None:
+        """Wake the scheduler loop for a tick as soon as the controller allows."""
+        self.controller.kick()
+        self._kick.set()
+
     def _on_worker_ready(self, w: Worker) -> None:
         for b in w.backends:
             self.controller.add_backend(b)
-        self._kick.set()
+        self.kick()
 
     def _on_worker_removed(self, w: Worker) -> None:
         for b in w.backends:
             b.draining = True
             self.controller.remove_backend(b.key)
-        self._kick.set()
+        self.kick()
 
     def suspect(self, b: Backend, reason: str) -> None:
         if self.monitor:
             self.monitor.suspect(b, reason)
-        self._kick.set()
+        self.kick()
 
     # ---- request path -------------------------------------------------------------------
     async def acquire(self, t: Ticket, disconnected: Callable[[], Awaitable[Any]] | None = None) -> Backend:
@@ -153,7 +158,7 @@ class Gateway:
             return b
         loop = asyncio.get_running_loop()
         t.waiter = loop.create_future()
-        self._kick.set()
+        self.kick()
         watcher = asyncio.ensure_future(disconnected()) if disconnected else None
         try:
             if watcher is None:
@@ -173,22 +178,18 @@ class Gateway:
         self._dispatch(self.controller.finish(t, self.clock(), usage))
 
     def failover(self, t: Ticket, reason: str) -> None:
-        """The upstream could not be reached before any byte: mark it, requeue the program."""
+        """The upstream could not be reached before any byte: mark it, requeue the program
+        (``Controller.failover``), send what the freed room lets through."""
         if t.backend is not None:
             self.suspect(t.backend, reason)
-        self.controller.finish(t, self.clock(), None)
-        p = t.program
-        if p is not None and self.controller.programs.get(p.id) is p and p.active and not p.in_flight:
-            self.controller.programs.pause(p, self.clock())
-            self.controller.stats.pauses += 1
-        t.backend = t.dispatched_at = None
+        self._dispatch(self.controller.failover(t, self.clock()))
 
     def release(self, pid: str) -> Program:
         p, held = self.controller.release(pid, self.clock())
         for t in held:
             self._fail(t, NotFound(f"program {pid!r} was released while this request waited", code="program_released"))
         self._after_release(p)
-        self._kick.set()
+        self.kick()
         return p
 
     def _after_release(self, p: Program) -> None:
@@ -212,20 +213,15 @@ class Gateway:
 
     # ---- scheduler loop -----------------------------------------------------------------
     async def _scheduler_loop(self) -> None:
-        sc = self.cfg.scheduler
-        last = self.clock()
         while True:
-            remaining = sc.tick_seconds - (self.clock() - last)
+            remaining = self.controller.next_tick_at() - self.clock()
             if remaining > 0:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._kick.wait(), timeout=remaining)
-            self._kick.clear()
-            gap = sc.kick_min_interval_seconds - (self.clock() - last)
-            if gap > 0:
-                await asyncio.sleep(gap)
-            last = self.clock()
+                self._kick.clear()
+                continue  # woken early: the due time may have moved (or not: wait the rest)
             try:
-                self.run_tick(last)
+                self.run_tick(self.clock())
             except Exception:  # a bug in a tick must not stop scheduling
                 log.exception("scheduler tick failed")
 

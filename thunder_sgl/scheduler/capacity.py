@@ -1,15 +1,15 @@
 """Demand accounting per backend: decayed program weights, shared prefix counted once.
 
-For backend b (design.md):
+For backend b (design.md), with the per-program quantities of ``cost``::
 
-    D_b = Σ_p w_p·(c_p − s_p) + Σ_{prefix keys present on b} s_key
-    w_p = 1 for reasoning programs (or programs whose request is held), x^(−k) for acting ones,
-          k = whole ticks spent acting, w = 0 past ``max_decay_ticks``
-    R_b = Σ_{reasoning} (c_p + expected output)           (the HBM condition's left side)
+    D_b = Σ_p w_p·private_p + Σ_{prefix keys present on b} prefix_tokens_key
+    R_b = Σ_{p gated} hbm_p                    (the HBM condition's ``used``, see ``gate``)
 
 ``BackendLoad`` is a small mutable accumulator used inside one tick: programs are added,
 removed (paused) and placed (restored) and the totals stay exact, including the shared
-prefix, which is freed only when the last program of its key leaves the backend.
+prefix, which is freed only when the last program of its key leaves the backend. Its limits
+are the watermarks of the pool (``limit_hi``, ``limit_lo``) and of HBM (``hbm_limit``),
+set by the tick from the policy and the backend's admission state.
 """
 
 from __future__ import annotations
@@ -18,25 +18,9 @@ from dataclasses import dataclass, field
 
 from thunder_sgl.backends.backend import Backend
 from thunder_sgl.config import SchedulerConfig
-from thunder_sgl.programs import Phase, Program
-
-
-def decay_weights(cfg: SchedulerConfig) -> list[float]:
-    """f(k) = x^(−k) for k = 0..max_decay_ticks−1; f(k) = 0 beyond."""
-    x = cfg.decay_base
-    return [x ** (-k) for k in range(cfg.max_decay_ticks)]
-
-
-def program_weight(p: Program, now: float, tick: float, table: list[float]) -> float:
-    """Weight of an active program's KV in its backend's demand."""
-    if p.phase is Phase.REASONING or p.held:
-        return 1.0
-    k = int((now - p.acting_since) // tick) if now > p.acting_since else 0
-    return table[k] if k < len(table) else 0.0
-
-
-def expected_output(p: Program, cfg: SchedulerConfig) -> float:
-    return p.expected_output_tokens if p.expected_output_tokens > 0 else float(cfg.default_output_tokens)
+from thunder_sgl.programs import Program
+from thunder_sgl.scheduler.cost import ProgramCost, program_cost, weight
+from thunder_sgl.scheduler.gate import hbm_fits, hbm_room
 
 
 @dataclass(slots=True, eq=False)
@@ -44,13 +28,22 @@ class Member:
     """A program as counted on one backend during a tick."""
 
     program: Program
+    cost: ProgramCost
     weight: float
     private: float
     """Weighted private tokens: w·(c − s)."""
-    shared: int
-    key: str | None
-    reasoning_tokens: float
-    """c + expected output when reasoning or held, else 0."""
+
+    @property
+    def key(self) -> str | None:
+        return self.cost.prefix_key
+
+    @property
+    def shared(self) -> int:
+        return self.cost.prefix_tokens
+
+    @property
+    def reasoning_tokens(self) -> float:
+        return self.cost.hbm if self.cost.gated else 0.0
 
 
 @dataclass(slots=True, eq=False)
@@ -65,76 +58,60 @@ class BackendLoad:
     active: int = 0
     """Programs counted now (accounted + placed − removed in this tick)."""
     progs: list[Program] = field(default_factory=list)
-    _clock: tuple[float, float, list[float]] = (0.0, 1.0, [])
+    costs: list[ProgramCost] = field(default_factory=list)
+    """``cost`` of each of ``progs`` (computed once, in ``account``)."""
+    weights: list[float] = field(default_factory=list)
     key_counts: dict[str, int] = field(default_factory=dict)
     key_shared: dict[str, int] = field(default_factory=dict)
 
     @classmethod
-    def for_backend(cls, b: Backend, cfg: SchedulerConfig) -> BackendLoad:
+    def for_backend(cls, b: Backend, cfg: SchedulerConfig, extra: float = 0.0) -> BackendLoad:
+        """The backend's load with the policy's watermarks; ``extra``: tokens the admission
+        rule allows beyond both (``admission``)."""
         pool = b.tiers.pool(cfg.tier_aware, cfg.host_weight, cfg.storage_weight)
-        return cls(
-            backend=b,
-            pool=pool,
-            limit_hi=cfg.lambda_max * pool,
-            limit_lo=cfg.lambda_min * pool,
-            hbm_limit=cfg.hbm_lambda * b.tiers.hbm_tokens,
-        )
-
-    def member(self, p: Program, weight: float, cfg: SchedulerConfig) -> Member:
-        c = p.demand_tokens()
-        key = p.prefix_key
-        s = min(p.shared_prefix_tokens, c) if key else 0
-        reasoning = c + expected_output(p, cfg) if (p.phase is Phase.REASONING or p.held) else 0.0
-        return Member(p, weight, weight * (c - s), p.shared_prefix_tokens if key else 0, key, reasoning)
+        return cls(backend=b, pool=pool, limit_hi=cfg.lambda_max * pool + extra,
+                   limit_lo=cfg.lambda_min * pool + extra, hbm_limit=cfg.hbm_lambda * b.tiers.hbm_tokens)
 
     def account(self, progs: list[Program], now: float, tick: float, table: list[float], default_out: float) -> None:
-        """Add the backend's active programs to the totals: the hot loop of every tick, kept
-        flat (the same arithmetic as ``member`` + ``add``, without building objects)."""
-        n = len(table)
+        """Add the backend's active programs to the totals: the hot loop of every tick."""
         demand = reasoning = 0.0
         counts, shared = self.key_counts, self.key_shared
-        REASONING = Phase.REASONING
+        costs, weights = self.costs, self.weights
         for p in progs:
-            c = p.context_tokens
-            pp = p.pending_prompt_tokens
-            if pp > c:
-                c = pp
-            if p.phase is REASONING or p.held:
+            pc = program_cost(p, default_out)
+            if pc.gated:  # reasoning or held: full weight
                 w = 1.0
-                eo = p.expected_output_tokens
-                reasoning += c + (eo if eo > 0 else default_out)
+                reasoning += pc.hbm
             else:
-                a = p.acting_since
-                if now > a:
-                    k = int((now - a) // tick)
-                    w = table[k] if k < n else 0.0
-                else:
-                    w = 1.0
-            key = p.prefix_key
+                w = weight(p, now, tick, table)
+            costs.append(pc)
+            weights.append(w)
+            demand += w * pc.private
+            key = pc.prefix_key
             if key:
-                sp = p.shared_prefix_tokens
-                demand += w * (c - (sp if sp < c else c))
                 cnt = counts.get(key)
                 if cnt is None:
                     counts[key] = 1
-                    shared[key] = sp
-                    demand += sp
+                    shared[key] = pc.prefix_tokens
+                    demand += pc.prefix_tokens
                 else:
                     counts[key] = cnt + 1
-            else:
-                demand += w * c
         self.progs.extend(progs)
-        self._clock = (now, tick, table)
         self.demand += demand
         self.reasoning += reasoning
         self.active += len(progs)
 
-    def members(self, cfg: SchedulerConfig, idle_only: bool = False) -> list[Member]:
+    def members(self, idle_only: bool = False) -> list[Member]:
         """The accounted programs as Members (built only for backends that must pause);
         ``idle_only``: just those with no request in flight (the pausable ones)."""
-        now, tick, table = self._clock
-        return [self.member(p, program_weight(p, now, tick, table), cfg)
-                for p in self.progs if not (idle_only and p.in_flight)]
+        return [Member(p, pc, w, w * pc.private)
+                for p, pc, w in zip(self.progs, self.costs, self.weights, strict=True)
+                if not (idle_only and p.in_flight)]
+
+    @staticmethod
+    def placed(p: Program, pc: ProgramCost) -> Member:
+        """A program being placed this tick: full weight (it is about to run)."""
+        return Member(p, pc, 1.0, float(pc.private))
 
     def add(self, m: Member) -> None:
         self.active += 1
@@ -171,13 +148,35 @@ class BackendLoad:
     def freed_by(self, m: Member) -> float:
         return m.private + self.shared_freed(m.key)
 
-    def fits(self, add: float, reasoning_add: float, gate_hbm: bool) -> bool:
-        """Whether placing a program that adds ``add`` keeps the backend within its limits.
-        An empty backend accepts any program (otherwise an oversized one would wait forever)."""
+    def adds(self, pc: ProgramCost) -> float:
+        """Demand a placed program adds here: its private part, plus its prefix if new here."""
+        return pc.private + self.shared_added(pc.prefix_key, pc.prefix_tokens)
+
+    # ---- room ----------------------------------------------------------------------------
+    def accepting(self) -> bool:
+        """Below the low watermark (or empty): the backend takes restores this tick."""
+        return self.active == 0 or self.demand < self.limit_lo
+
+    def room(self) -> float | None:
+        """Free pool under the high watermark (infinite when empty); None when not accepting."""
+        if self.active == 0:
+            return float("inf")
+        if self.demand >= self.limit_lo:
+            return None
+        return self.limit_hi - self.demand
+
+    def hbm_room(self) -> float:
+        """The largest HBM need the gate accepts here (infinite when empty or nothing reasons)."""
+        return float("inf") if self.active == 0 else hbm_room(self.reasoning, self.hbm_limit)
+
+    def fits(self, pc: ProgramCost, gate_hbm: bool) -> bool:
+        """Whether placing the program keeps the backend within its limits: the pool's high
+        watermark, and (tier-aware, a held request) the HBM condition. An empty backend
+        accepts any program (otherwise an oversized one would wait forever)."""
         if self.active == 0:
             return True
-        if self.demand >= self.limit_lo or self.demand + add > self.limit_hi:
+        if self.demand >= self.limit_lo or self.demand + self.adds(pc) > self.limit_hi:
             return False
-        if gate_hbm and reasoning_add > 0 and self.reasoning + reasoning_add > self.hbm_limit:
+        if gate_hbm and pc.gated and not hbm_fits(self.reasoning, pc.hbm, self.hbm_limit):
             return False
         return True

@@ -1,34 +1,73 @@
-"""Policies by name, and the stateless fallback for requests without a program id.
+"""Program schedulers by name, and the stateless fallback for requests without a program id.
 
-``POLICIES`` is the one registry: a name maps to a function that adjusts the scheduler
-config. ``thunder`` is the full tier-aware policy; ``thunder-paper`` is the method exactly as
-the ThunderAgent paper describes it (pool = HBM only, no HBM gate, λ_max = λ_min = 1), kept as
-a baseline.
+A program policy is an entry of ``POLICIES``: a scheduler class (anything with the
+``ProgramScheduler`` protocol) and the adjustment it makes to the configured
+``SchedulerConfig``. A new scheduler is a new entry, not an edit of the controller.
+
+- ``thunder``: the full policy — tier-aware pool, HBM gate, and the admission level chosen
+  from the engine's measured costs (``admission``).
+- ``thunder-fixed``: the same with the admission level fixed at the watermarks (the default
+  before the cost-based rule; kept for comparison).
+- ``thunder-paper``: the method as the ThunderAgent paper describes it: pool = HBM only, no
+  HBM gate, λ_max = λ_min = 1, fixed admission.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 from thunder_sgl.backends.backend import Backend
 from thunder_sgl.config import SchedulerConfig
 from thunder_sgl.errors import ConfigError
-from thunder_sgl.scheduler.core import ThunderPolicy
+from thunder_sgl.programs import Program, ProgramTable
+from thunder_sgl.scheduler.core import Decisions, ThunderScheduler
 
-POLICIES: dict[str, Callable[[SchedulerConfig], SchedulerConfig]] = {
-    "thunder": lambda cfg: cfg,
-    # The paper's method as published: pool = HBM, no HBM gate, both watermarks at 1.
-    "thunder-paper": lambda cfg: dataclasses.replace(cfg, tier_aware=False, lambda_max=1.0, lambda_min=1.0),
+
+class ProgramScheduler(Protocol):
+    """The contract of a program scheduler.
+
+    ``tick`` is pure: it reads the programs and backends, returns decisions, mutates nothing
+    (``core.apply`` carries them out). ``queue_order`` lists the waiting programs best first.
+    ``cfg`` is the one configuration the controller reads for scheduling parameters.
+    """
+
+    cfg: SchedulerConfig
+    stale_after: float
+
+    def tick(self, now: float, programs: ProgramTable, backends: Sequence[Backend]) -> Decisions: ...
+
+    def queue_order(self, now: float, waiting: Iterable[Program]) -> list[Program]: ...
+
+
+@dataclass(frozen=True)
+class PolicyEntry:
+    factory: Callable[[SchedulerConfig, float], ProgramScheduler]
+    adjust: Callable[[SchedulerConfig], SchedulerConfig]
+    help: str
+
+
+POLICIES: dict[str, PolicyEntry] = {
+    "thunder": PolicyEntry(ThunderScheduler, lambda cfg: cfg,
+                           "tier-aware pool, HBM gate, admission level from measured engine costs"),
+    "thunder-fixed": PolicyEntry(ThunderScheduler, lambda cfg: dataclasses.replace(cfg, admission="fixed"),
+                                 "thunder with the admission level fixed at the watermarks"),
+    "thunder-paper": PolicyEntry(
+        ThunderScheduler,
+        lambda cfg: dataclasses.replace(cfg, tier_aware=False, lambda_max=1.0, lambda_min=1.0, admission="fixed",
+                                        session_refs=False),
+        "the paper's method: pool = HBM, no HBM gate, both watermarks at 1"),
 }
 
 
-def make_policy(name: str, cfg: SchedulerConfig, stale_after: float = float("inf")) -> ThunderPolicy:
+def make_policy(name: str, cfg: SchedulerConfig, stale_after: float = float("inf")) -> ProgramScheduler:
     try:
-        adjust = POLICIES[name]
+        entry = POLICIES[name]
     except KeyError:
         raise ConfigError(f"unknown program policy {name!r}; valid: {sorted(POLICIES)}") from None
-    return ThunderPolicy(adjust(cfg), stale_after)
+    return entry.factory(entry.adjust(cfg), stale_after)
 
 
 def least_loaded(backends: Sequence[Backend], now: float, stale_after: float) -> Backend | None:

@@ -11,7 +11,7 @@ from sched_scenarios import active, backend, naive_demand, new, paused
 from thunder_sgl.backends.backend import Backend
 from thunder_sgl.config import SchedulerConfig
 from thunder_sgl.programs import ProgramTable
-from thunder_sgl.scheduler import ThunderPolicy, apply
+from thunder_sgl.scheduler import ThunderScheduler, apply
 from thunder_sgl.scheduler.capacity import BackendLoad
 
 EPS = 1e-6
@@ -70,7 +70,7 @@ def on(table: ProgramTable, b: Backend) -> list:
 @given(scenarios())
 def test_after_a_tick_no_backend_exceeds_its_limit_unless_nothing_pausable_remains(s):
     cfg, backends, table, now = s
-    d = ThunderPolicy(cfg).tick(now, table, backends)
+    d = ThunderScheduler(cfg).tick(now, table, backends)
     apply(d, table, now)
     for b in backends:
         progs = on(table, b)
@@ -87,7 +87,7 @@ def test_after_a_tick_no_backend_exceeds_its_limit_unless_nothing_pausable_remai
 def test_no_tick_pauses_a_program_the_limit_does_not_need(s):
     cfg, backends, table, now = s
     before = {p.id: p.backend for p in table if p.active}
-    d = ThunderPolicy(cfg).tick(now, table, backends)
+    d = ThunderScheduler(cfg).tick(now, table, backends)
     apply(d, table, now)
     by_key = {b.key: b for b in backends}
     for pid in d.pauses:
@@ -110,7 +110,7 @@ def test_no_tick_pauses_a_program_the_limit_does_not_need(s):
 def test_a_restore_never_overflows_its_target(s):
     cfg, backends, table, now = s
     active_before = {b.key: 0 for b in backends}
-    d = ThunderPolicy(cfg).tick(now, table, backends)
+    d = ThunderScheduler(cfg).tick(now, table, backends)
     for p in table:
         if p.active and p.backend in active_before and p.id not in d.pauses:
             active_before[p.backend] += 1
@@ -137,7 +137,7 @@ def test_every_paused_program_is_restored_within_bounded_ticks(sizes, hbm, free_
     cfg = SchedulerConfig(default_output_tokens=1)
     b = backend("b", hbm)
     table = ProgramTable()
-    pol = ThunderPolicy(cfg)
+    pol = ThunderScheduler(cfg)
     for i, c in enumerate(sizes):
         new(table, f"w{i}", c, since=0.0)
     placed_at: dict[str, int] = {}
@@ -177,7 +177,7 @@ def test_a_workload_that_fits_hbm_plus_host_causes_no_pauses_but_does_without_ho
         table = ProgramTable()
         for i, c in enumerate(sizes):
             active(table, f"p{i}", b, c, acting_since=0.0)  # all acting, fresh: weight 1
-        return len(ThunderPolicy(cfg).tick(0.0, table, [b]).pauses)
+        return len(ThunderScheduler(cfg).tick(0.0, table, [b]).pauses)
 
     assert run(host) == 0
     assert run(0) > 0

@@ -9,20 +9,22 @@ from sched_scenarios import active, backend, naive_demand, new, paused
 
 from thunder_sgl.config import SchedulerConfig
 from thunder_sgl.programs import ProgramTable
-from thunder_sgl.scheduler import ThunderPolicy, apply, least_loaded
-from thunder_sgl.scheduler.capacity import BackendLoad, decay_weights, program_weight
+from thunder_sgl.scheduler import ThunderScheduler, apply, least_loaded
+from thunder_sgl.scheduler.capacity import BackendLoad
+from thunder_sgl.scheduler.cost import decay_weights
+from thunder_sgl.scheduler.cost import weight as program_weight
 
 CFG = SchedulerConfig()  # paper defaults: Δt = 5 s, x = 2, λ = 1
 
 
-def policy(**kw) -> ThunderPolicy:
+def policy(**kw) -> ThunderScheduler:
     """The default policy, except that programs without history expect 1 output token (not
     256), so that with HBM = pool the HBM condition coincides with the pool condition unless
     a test is about it."""
     kw.setdefault("default_output_tokens", 1)
     kw.setdefault("lambda_max", 1.0)  # the paper's watermarks: limits equal the pool, plain arithmetic
     kw.setdefault("lambda_min", 1.0)
-    return ThunderPolicy(dataclasses.replace(CFG, **kw))
+    return ThunderScheduler(dataclasses.replace(CFG, **kw))
 
 
 # ---- time decay ---------------------------------------------------------------------------
@@ -324,7 +326,7 @@ def test_stale_monitored_backend_counts_as_full():
     b.live.updated_at = 0.0
     active(t, "idle", b, 100)
     new(t, "n", 100)
-    d = ThunderPolicy(policy().cfg, stale_after=10.0).tick(11.0, t, [b])
+    d = ThunderScheduler(policy().cfg, stale_after=10.0).tick(11.0, t, [b])
     assert d.pauses == ("idle",) and d.placements == ()
 
 

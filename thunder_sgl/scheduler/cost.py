@@ -1,0 +1,90 @@
+"""What one program costs a backend, in tokens: the one place this arithmetic is written.
+
+For a program p (design.md, "Scheduling model")::
+
+    c_p       = max(context tokens, pending prompt tokens)    what it holds, or will once its
+                                                              held or in-flight request runs
+    s_p       = min(shared prefix tokens, c_p)                its part of a prefix (a system
+                                                              prompt) shared with other programs
+    private_p = c_p − s_p                                     its own KV
+    hbm_p     = c_p + expected output                         the KV its request holds at the end
+    gated_p   = reasoning or held                             its KV counts in the HBM condition
+
+The shared prefix is counted once per backend (``capacity.BackendLoad``), whatever number of
+programs use it. A program's weight in its backend's demand (1, or the decay ``x^(−k)`` of an
+acting program after k whole ticks of tool time) is time-dependent and applied by the caller:
+``weight(p, now, tick, table)``.
+
+``program_cost`` is computed once per program per tick (the accounting, the queue and the HBM
+gate all read the same object), and by the controller for the HBM gate of one request.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from thunder_sgl.config import SchedulerConfig
+from thunder_sgl.programs import Phase, Program
+
+
+class ProgramCost(NamedTuple):
+    tokens: int
+    """c: the larger of the known context and the pending prompt."""
+    shared: int
+    """s: the part of c that is the shared prefix (0 without a prefix key)."""
+    prefix_key: str | None
+    prefix_tokens: int
+    """The whole shared prefix, as added to a backend by its first program of that key."""
+    private: int
+    """c − s."""
+    hbm: float
+    """c + expected output: what a request of the program holds in HBM when it finishes."""
+    gated: bool
+    """Reasoning or held: the program's KV counts in its backend's HBM condition."""
+
+
+def expected_output(p: Program, default_output: float) -> float:
+    return p.expected_output_tokens if p.expected_output_tokens > 0 else default_output
+
+
+_REASONING = Phase.REASONING
+_new = tuple.__new__
+
+
+def program_cost(p: Program, default_output: float, prompt: int = 0) -> ProgramCost:
+    """``prompt``: the estimate of a request about to be sent (the controller's HBM gate)."""
+    c = p.context_tokens
+    pp = p.pending_prompt_tokens
+    if pp > c:
+        c = pp
+    if prompt > c:
+        c = prompt
+    key = p.prefix_key
+    if key:
+        full = p.shared_prefix_tokens
+        s = full if full < c else c
+    else:
+        full = s = 0
+    eo = p.expected_output_tokens
+    # tuple.__new__: a named tuple built without its Python-level __new__ (this runs for every
+    # program every tick).
+    return _new(ProgramCost, (c, s, key, full, c - s, c + (eo if eo > 0 else default_output),
+                              p.phase is _REASONING or p.held > 0))
+
+
+def decay_weights(cfg: SchedulerConfig) -> list[float]:
+    """f(k) = x^(−k) for k = 0..max_decay_ticks−1; f(k) = 0 beyond."""
+    x = cfg.decay_base
+    return [x ** (-k) for k in range(cfg.max_decay_ticks)]
+
+
+def weight(p: Program, now: float, tick: float, table: list[float]) -> float:
+    """Weight of an active program's KV in its backend's demand: 1 while reasoning or held,
+    else the decay of the whole ticks it has spent acting."""
+    if p.phase is _REASONING or p.held:
+        return 1.0
+    a = p.acting_since
+    if now <= a:
+        return 1.0
+    k = int((now - a) // tick)
+    return table[k] if k < len(table) else 0.0
