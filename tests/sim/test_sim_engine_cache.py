@@ -127,8 +127,9 @@ def test_chunked_prefill_splits_a_long_prompt_into_chunk_sized_iterations() -> N
     assert e.counters.iterations == 3
 
 
-def test_arrival_during_a_decode_span_joins_at_the_next_step_boundary() -> None:
-    e = Engine(unit_config())
+@pytest.mark.parametrize("mixed", [True, False])
+def test_arrival_during_a_decode_span_joins_at_the_next_step_boundary(mixed: bool) -> None:
+    e = Engine(unit_config(server__enable_mixed_chunk=mixed))
     e.submit(SimRequest("a", tokens(100), 1000), 0.0)
     t1 = 0.001 + prefill(100)
     # step boundaries of A's decode: T_k = t1 + Σ_{s<k} τ(100 + s)
@@ -138,13 +139,16 @@ def test_arrival_during_a_decode_span_joins_at_the_next_step_boundary() -> None:
     t_b = bounds[2] + 0.3 * tau(102)  # B arrives inside A's third decode step
     e.submit(SimRequest("b", tokens(100, start=1 << 25), 1), t_b)
     (b,) = drain(e, until=bounds[3] + 1.0)
-    # B is prefilled in the iteration that starts at T_3, mixed with A's decode step (K = 103)
-    assert b.first_token_time == approx(bounds[3] + tau(103) + prefill(100), rel=1e-12)
+    if mixed:  # B is prefilled in the iteration that starts at T_3, with A's decode step (K = 103)
+        assert b.first_token_time == approx(bounds[3] + tau(103) + prefill(100), rel=1e-12)
+    else:  # SGLang's default: B's prefill batch runs alone at T_3, A waits for it
+        assert b.first_token_time == approx(bounds[3] + 0.001 + prefill(100), rel=1e-12)
 
 
 def test_retraction_happens_when_decode_outgrows_kv() -> None:
     # capacity 1,000; init_new_token_ratio 0.1 (min 0.014) so B is admitted next to A.
-    e = Engine(unit_config(server__max_total_num_tokens=1000, server__init_new_token_ratio=0.1))
+    e = Engine(unit_config(server__max_total_num_tokens=1000, server__init_new_token_ratio=0.1,
+                           server__enable_mixed_chunk=True))
     e.submit(SimRequest("a", tokens(100), 500), 0.0)
     e.submit(SimRequest("b", tokens(100, start=1 << 25), 500), 0.0)
     done = {c.rid: c for c in drain(e)}

@@ -84,3 +84,39 @@ def test_decode_spans_give_the_same_results_as_step_by_step_simulation(seed: int
         assert (a.rid, a.completion_tokens, a.cached_tokens, a.cached_host, a.retractions, a.finish_reason) == \
             (b.rid, b.completion_tokens, b.cached_tokens, b.cached_host, b.retractions, b.finish_reason)
         assert a.time == approx(b.time, rel=1e-9)
+
+
+FITTED = {"timing.kind": "fitted", "timing.decode_fixed_s": 0.004, "timing.decode_per_request_s": 0.001,
+          "timing.decode_per_kv_token_s": 2e-6, "timing.prefill_fixed_s": 0.01,
+          "timing.prefill_per_token_s": 3e-4, "timing.prefill_per_attention_s": 1e-8}
+
+
+def test_a_fitted_config_times_iterations_with_its_own_coefficients() -> None:
+    r = Roofline.from_config(unit_config(**{k.replace(".", "__"): v for k, v in FITTED.items()}))
+    assert decode_step(r, 3, 6000) == approx(0.004 + 3 * 0.001 + 6000 * 2e-6)
+    assert decode_growth(r, 3) == approx(3 * 2e-6)  # K grows by B per step
+    assert prefill_seconds(r, 1000, 2000) == approx(1000 * 3e-4 + 1e-8 * (1000 * 2000 + 1000**2 / 2))
+    # an iteration that prefills adds the fixed prefill cost once
+    from thunder_sgl.sim.timing import iteration_seconds
+    assert iteration_seconds(r, 0, 0, prefill_seconds(r, 100, 0), 0.0) == approx(0.004 + 0.01 + 100 * 3e-4 + 1e-8 * 5000)
+
+
+def test_fitted_timing_needs_a_decode_and_a_prefill_cost() -> None:
+    from thunder_sgl.errors import ConfigError
+    with pytest.raises(ConfigError, match="fitted"):
+        unit_config(timing__kind="fitted")
+
+
+def test_engine_counters_follow_sglangs_prefill_busy_and_decode_moments() -> None:
+    e = Engine(unit_config())
+    e.submit(SimRequest("a", tokens(100), 11), 0.0)
+    (a,) = drain(e)
+    c = e.counters
+    # one prefill iteration (t0 + prefill(100)) then 10 decode steps of one request
+    from simkit import prefill, tau
+    assert c.prefill_busy_seconds == approx(0.001 + prefill(100))
+    n, sb, st_us, sb2, sbt, gen = c.decode_moments
+    assert (n, sb, sb2, gen) == (10, 10, 10, 10)
+    assert st_us == approx(1e6 * sum(tau(100 + s) for s in range(10)))
+    assert sbt == approx(st_us)
+    assert c.prefill_tokens == 100

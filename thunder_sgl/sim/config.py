@@ -130,7 +130,17 @@ class HardwareSpec:
 
 @dataclass(frozen=True)
 class TimingSpec:
-    """Roofline estimates (calibration §5-§6); fit them to a GPU run before trusting absolute times."""
+    """How long iterations take. ``kind: roofline`` (default): the formulas of calibration §5-§6
+    over ``model`` and ``hardware`` with the estimates below (fit them to a GPU run before
+    trusting absolute times). ``kind: fitted``: coefficients measured on a real engine
+    (``bench/real/calibrate.py``), for engines the GPU roofline does not describe (the CPU)::
+
+        decode iteration = decode_fixed_s + decode_per_request_s·B + decode_per_kv_token_s·K
+        prefill          = prefill_fixed_s + prefill_per_token_s·n + prefill_per_attention_s·(n·c + n²/2)
+    """
+
+    kind: str = "roofline"
+    """``roofline`` or ``fitted``."""
 
     eta: float = 0.6
     """η: achieved fraction of peak HBM bandwidth in decode."""
@@ -150,7 +160,32 @@ class TimingSpec:
     calibration §7), so by default (1) an iteration takes max(compute, load); 0 adds the
     load-back in full (a pessimistic bound, for sensitivity runs)."""
 
+    decode_fixed_s: float = 0.0
+    """fitted: seconds of a decode iteration independent of the batch."""
+
+    decode_per_request_s: float = 0.0
+    """fitted: seconds per running request per decode iteration."""
+
+    decode_per_kv_token_s: float = 0.0
+    """fitted: seconds per token of KV the batch holds, per decode iteration."""
+
+    prefill_fixed_s: float = 0.0
+    """fitted: seconds of a prefill iteration independent of its tokens."""
+
+    prefill_per_token_s: float = 0.0
+    """fitted: seconds per new prompt token (the linear layers)."""
+
+    prefill_per_attention_s: float = 0.0
+    """fitted: seconds per unit of n·c + n²/2 (attention to the prefix and within the chunk)."""
+
     def __post_init__(self) -> None:
+        _check(self.kind in ("roofline", "fitted"), "timing.kind must be roofline or fitted")
+        fitted = (self.decode_fixed_s, self.decode_per_request_s, self.decode_per_kv_token_s,
+                  self.prefill_fixed_s, self.prefill_per_token_s, self.prefill_per_attention_s)
+        _check(all(x >= 0 for x in fitted), "fitted timing coefficients must be >= 0")
+        _check(self.kind != "fitted" or (self.decode_fixed_s + self.decode_per_request_s > 0
+                                         and self.prefill_per_token_s > 0),
+               "timing.kind fitted needs a decode cost and prefill_per_token_s")
         _check(0 < self.eta <= 1 and 0 < self.mfu <= 1, "timing.eta and timing.mfu must be in (0, 1]")
         _check(self.t0_s >= 0 and self.allreduce_s >= 0, "timing overheads must be >= 0")
         _check(0 <= self.load_back_overlap <= 1, "timing.load_back_overlap must be in [0, 1]")
@@ -211,6 +246,16 @@ class ServerSpec:
 
     enable_cache_report: bool = True
     """Report ``usage.prompt_tokens_details.cached_tokens`` on OpenAI routes (SGLang flag)."""
+
+    enable_mixed_chunk: bool = False
+    """SGLang ``--enable-mixed-chunk``: a prefill iteration also runs one decode step of every
+    running request. Off by default, as in SGLang: a prefill batch runs alone (the scheduler
+    prefers a new prefill batch to a decode step), so running requests wait while it runs."""
+
+    enable_session_radix_cache: bool = False
+    """SGLang ``--enable-session-radix-cache``: a request with a ``session_id`` references the
+    KV it leaves in the radix cache; eviction takes unreferenced KV first (then by fewest
+    references, then LRU); ``/close_session`` drops the session's references."""
 
     version: str = "0.5.23"
     """SGLang version reported by /server_info and /v1/loads."""

@@ -238,6 +238,8 @@ class Engine:
             self.chunked = None
             items, loads = schedule_prefill(self, t)
         decode = list(self.running)
+        if items and not self.cfg.server.enable_mixed_chunk:
+            decode = []  # SGLang runs a prefill batch alone: the running requests wait for it
         b = len(decode)
         if not items and not b:
             return None
@@ -301,6 +303,10 @@ class Engine:
         c.generation_tokens += gen
         c.iterations += 1
         c.busy_seconds += t - p.start
+        if p.prefill:
+            c.prefill_busy_seconds += t - p.start
+        elif p.decode:
+            _decode_moments(c.decode_moments, len(p.decode), steps, t - p.start)
         if p.decode:
             c.decode_steps += steps
             self.ratio = max(self.ratio - self._decay * steps, self._min_ratio)
@@ -394,3 +400,15 @@ class Engine:
     def stats(self) -> EngineStats:
         """Snapshot at the last advance time (see ``metrics.engine_stats``)."""
         return engine_stats(self)
+
+
+def _decode_moments(m: list[float], batch: int, steps: int, seconds: float) -> None:
+    """Add a span of ``steps`` decode steps of ``batch`` requests lasting ``seconds`` in all to
+    SGLang's moment sums (b is constant over the span, so Σb·t = b·Σt)."""
+    us = seconds * 1e6
+    m[0] += steps
+    m[1] += steps * batch
+    m[2] += us
+    m[3] += steps * batch * batch
+    m[4] += batch * us
+    m[5] += steps * batch

@@ -133,6 +133,9 @@ def loads_entry(s: EngineStats, cfg: SimConfig, include: set[str]) -> dict[str, 
         "gen_throughput": round(s.gen_throughput, 3),
         "cache_hit_rate": round(s.cache_hit_rate, 6),
         "utilization": round(s.utilization, 6),
+        "total_prefill_uncached_tokens": s.counters.prefill_tokens,
+        "total_prefill_busy_us": int(s.counters.prefill_busy_seconds * 1e6),
+        "decode_moments": [round(x, 3) for x in s.counters.decode_moments] if s.counters.decode_moments[0] else None,
     }
     if "memory" in include or "all" in include:
         m, tp = cfg.model, cfg.server.tp_size

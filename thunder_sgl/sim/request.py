@@ -146,6 +146,10 @@ class EngineCounters:
     """Plans executed: prefill iterations and decode spans (a span covers many decode steps)."""
     decode_steps: int = 0
     busy_seconds: float = 0.0
+    prefill_busy_seconds: float = 0.0
+    """Seconds of iterations that prefilled (SGLang's ``total_prefill_busy_us`` / 1e6)."""
+    decode_moments: list[float] = field(default_factory=lambda: [0.0] * 6)
+    """Over decode steps: [n, Σb, Σt µs, Σb², Σb·t µs, Σgenerated] (SGLang's ``decode_moments``)."""
     load_back_seconds: float = 0.0
     load_back_ops: int = 0
     ttft_sum: float = 0.0
