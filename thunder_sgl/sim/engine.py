@@ -126,6 +126,8 @@ class Engine:
             raise SimRequestError(f"request id {request.rid!r} is already in use")
         r = make_req(self.cfg, request, now, self.cache.tree.root)
         r.dp_rank = self.dp_rank
+        if r.session_id is not None and self.cfg.server.enable_session_radix_cache:
+            r.session_gen = self.cache.refs.open(r.session_id)
         self.reqs[r.rid] = r
         self.waiting.append(r)
         self.counters.requests_submitted += 1
@@ -162,6 +164,10 @@ class Engine:
             self._aborts = True
             self._wake(now)
         return True
+
+    def close_session(self, session_id: str) -> bool:
+        """Drop a session's reference to its KV (``/close_session``); True if it had one."""
+        return self.cache.refs.close(session_id)
 
     def flush_cache(self) -> bool:
         """Drop every cached prefix; refused (False) while requests run or wait, as SGLang."""
@@ -337,8 +343,11 @@ class Engine:
     def _finish(self, r: Req, t: float, out: list[Completion], error: str | None = None) -> None:
         if r.state in (PREFILL, RUNNING):
             aligned = self._align(r.kv_len)
+            leaf = r.last_node
             if aligned > r.tree_len:
-                self.cache.insert(r.seq(aligned), t, r.last_node, 4 * r.tree_len)
+                leaf, _ = self.cache.insert(r.seq(aligned), t, r.last_node, 4 * r.tree_len)
+            if r.session_id is not None and not r.aborted and error is None and self.cfg.server.enable_session_radix_cache:
+                self.cache.refs.register(r.session_id, r.session_gen, leaf)
             self.cache.unlock(r.last_node)
             self._private -= r.private
             r.private = 0

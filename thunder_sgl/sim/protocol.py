@@ -38,6 +38,8 @@ class Parsed:
     details: bool
     """Return per-tier cached token details (OpenAI routes)."""
     created: int
+    session_id: str | None = None
+    """Top-level ``session_id`` (SGLang 0.5.23: all three routes)."""
 
 
 def _int(v: Any, name: str) -> int:
@@ -62,6 +64,17 @@ def _common(body: Mapping[str, Any], headers: Mapping[str, str], new_rid: str) -
     return rid, rank, headers.get("x-smg-routing-key")
 
 
+def _session(body: Mapping[str, Any]) -> str | None:
+    sid = body.get("session_id")
+    if sid is None:
+        return None
+    if not isinstance(sid, str) or not sid:
+        raise SimRequestError("session_id must be a non-empty string")
+    if body.get("session_params") is not None:
+        raise SimRequestError("session_id and session_params cannot both be set.")
+    return sid
+
+
 def parse_chat(body: Mapping[str, Any], headers: Mapping[str, str], cfg: SimConfig, template: ChatTemplate, new_rid: str) -> Parsed:
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
@@ -77,7 +90,7 @@ def parse_chat(body: Mapping[str, Any], headers: Mapping[str, str], cfg: SimConf
     return Parsed(
         "chat", rid, ids, cfg.output.default_max_tokens_chat if mt is None else _int(mt, "max_tokens"),
         bool(body.get("stream", False)), _include_usage(body), bool(body.get("ignore_eos", False)),
-        rank, key, bool(body.get("return_cached_tokens_details", False)), int(time.time()),
+        rank, key, bool(body.get("return_cached_tokens_details", False)), int(time.time()), _session(body),
     )
 
 
@@ -98,7 +111,7 @@ def parse_completions(body: Mapping[str, Any], headers: Mapping[str, str], cfg: 
     return Parsed(
         "completions", rid, ids, cfg.output.default_max_tokens_completions if mt is None else _int(mt, "max_tokens"),
         bool(body.get("stream", False)), _include_usage(body), bool(body.get("ignore_eos", False)),
-        rank, key, bool(body.get("return_cached_tokens_details", False)), int(time.time()),
+        rank, key, bool(body.get("return_cached_tokens_details", False)), int(time.time()), _session(body),
     )
 
 
@@ -118,7 +131,7 @@ def parse_generate(body: Mapping[str, Any], headers: Mapping[str, str], cfg: Sim
     return Parsed(
         "generate", rid, ids, cfg.output.default_max_new_tokens_generate if mt is None else _int(mt, "max_new_tokens"),
         bool(body.get("stream", False)), False, bool(sp.get("ignore_eos", False)),
-        rank, key, True, int(time.time()),
+        rank, key, True, int(time.time()), _session(body),
     )
 
 

@@ -22,7 +22,8 @@ TIER_NAMES = {DEVICE: "device", HOST: "host", STORAGE: "storage"}
 
 
 class Node:
-    __slots__ = ("key", "ntokens", "children", "parent", "lock_ref", "last_access", "seq", "tiers", "nid")
+    __slots__ = ("key", "ntokens", "children", "parent", "lock_ref", "last_access", "seq", "tiers", "nid",
+                 "refs", "sessions")
 
     def __init__(self, key: bytes, parent: Node | None, tiers: int, now: float, nid: int) -> None:
         self.key = key
@@ -36,6 +37,10 @@ class Node:
         later of two operations at one simulated instant counts as more recent (LRU)."""
         self.tiers = tiers
         self.nid = nid
+        self.refs = 0
+        """Sessions whose KV covers this node (``sessions.SessionRefs``)."""
+        self.sessions: set[str] | None = None
+        """Sessions whose registered leaf is this node."""
 
     @property
     def alive(self) -> bool:
@@ -159,6 +164,7 @@ class RadixTree:
         head = Node(child.key[:nbytes], parent, child.tiers, child.last_access, next(self._ids))
         head.seq = child.seq
         head.lock_ref = child.lock_ref
+        head.refs = child.refs  # a session covering the child covers its prefix
         parent.children[child.key[:pb]] = head
         child.key = child.key[nbytes:]
         child.ntokens = len(child.key) >> 2

@@ -44,6 +44,9 @@ class SimRequest:
     routing_key: str | None = None
     ignore_eos: bool = True
     output_ids: Sequence[int] | array | None = None
+    session_id: str | None = None
+    """SGLang's top-level ``session_id``: with the session radix cache on, the request's KV
+    stays referenced by the session after it finishes (``sessions``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +87,7 @@ class Req:
         "rid", "prompt", "prompt_len", "out_ids", "out_bytes", "target", "max_new", "n_out",
         "fill_len", "kv_len", "tree_len", "private", "last_node", "dp_rank", "routing_key",
         "arrival", "first_token_time", "cached", "retractions", "aborted", "in_plan",
-        "recompute_upto", "state",
+        "recompute_upto", "state", "session_id", "session_gen",
     )
 
     def __init__(self, rid: str, prompt: bytes, out_ids: array, max_new: int, arrival: float, root: Node) -> None:
@@ -114,6 +117,8 @@ class Req:
         self.in_plan = False
         self.recompute_upto = 0
         self.state = WAITING
+        self.session_id: str | None = None
+        self.session_gen = 0
 
     def seq(self, length: int) -> bytes:
         """The first ``length`` tokens of prompt + output, packed."""
@@ -229,4 +234,5 @@ def make_req(cfg: SimConfig, q: SimRequest, now: float, root: Node) -> Req:
         raise SimRequestError("output_ids must not be empty")
     r = Req(q.rid, prompt, out, q.max_new_tokens, now, root)
     r.routing_key = q.routing_key
+    r.session_id = q.session_id
     return r

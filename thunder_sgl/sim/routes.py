@@ -30,7 +30,8 @@ async def _body(request: web.Request) -> Any:
 
 
 def _to_sim(p: P.Parsed) -> SimRequest:
-    return SimRequest(p.rid, p.input_ids, p.max_new_tokens, p.dp_rank, p.routing_key, p.ignore_eos)
+    return SimRequest(p.rid, p.input_ids, p.max_new_tokens, p.dp_rank, p.routing_key, p.ignore_eos,
+                      session_id=p.session_id)
 
 
 async def _infer(request: web.Request, kind: str) -> web.StreamResponse:
@@ -227,6 +228,21 @@ async def abort_request(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
+async def close_session(request: web.Request) -> web.Response:
+    """``{"session_id": ...}``: drop the session's references to its KV (SGLang answers 200
+    with an empty body, whether or not the session held any)."""
+    srv = request.app[SIM]
+    try:
+        body = await _body(request)
+    except SimRequestError as e:
+        return error_response(str(e), 400)
+    sid = body.get("session_id") if isinstance(body, dict) else None
+    if not isinstance(sid, str) or not sid:
+        return error_response("session_id must be a non-empty string", 400)
+    srv.worker.close_session(sid)
+    return web.Response(status=200)
+
+
 async def get_faults(request: web.Request) -> web.Response:
     return json_response(request.app[SIM].worker.faults.state.to_dict())
 
@@ -268,6 +284,7 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/flush_cache", flush_cache)
     r.add_post("/flush_cache", flush_cache)
     r.add_post("/abort_request", abort_request)
+    r.add_post("/close_session", close_session)
     r.add_get("/sim/faults", get_faults)
     r.add_post("/sim/faults", post_faults)
     r.add_get("/sim/state", sim_state)

@@ -5,7 +5,8 @@ its KV. The rules follow SGLang's HiRadixCache:
 
 - **Device** content is prefix-closed. Running requests lock their path (lock counts on every
   ancestor); device eviction takes the least recently used unlocked leaf (a node with no child
-  in HBM) and repeats until enough tokens are free. ``evictable`` / ``protected`` count unlocked
+  in HBM) and repeats until enough tokens are free — unreferenced leaves before leaves that
+  sessions reference (``sessions``, SGLang's session radix cache), fewest references first. ``evictable`` / ``protected`` count unlocked
   and locked device tokens, as SGLang's ``evictable_size`` / ``protected_size``.
 - **Host** (L2). ``write_through``: every node that enters HBM is copied to host at once, so the
   host tier is inclusive while it has room; ``write_back``: a node is copied when HBM evicts it.
@@ -27,6 +28,7 @@ import heapq
 from dataclasses import dataclass
 
 from thunder_sgl.sim.radix import DEVICE, HOST, STORAGE, Node, RadixTree
+from thunder_sgl.sim.sessions import SessionRefs
 
 _ALL_TIERS = (DEVICE, HOST, STORAGE)
 
@@ -100,7 +102,10 @@ class KVCache:
         self.load_back_threshold = load_back_threshold
         self.storage_prefetch_threshold = storage_prefetch_threshold
         self.counters = CacheCounters()
-        self._heaps: dict[int, list[tuple[float, int, int, Node]]] = {t: [] for t in _ALL_TIERS}
+        self._heaps: dict[int, list[tuple[bool, int, float, int, int, Node]]] = {t: [] for t in _ALL_TIERS}
+        self.refs = SessionRefs(self.tree.root, self._touch)
+        """Session references (SGLang's session radix cache): device eviction takes
+        unreferenced KV first. No request carries a session id unless the server enables it."""
         self._bits = tuple(b for b, on in ((DEVICE, True), (HOST, self.host), (STORAGE, self.storage)) if on)
 
     # ---- matching and loading back -------------------------------------------------------
@@ -210,11 +215,11 @@ class KVCache:
         freed = 0
         heap = self._heaps[DEVICE]
         while freed < tokens and heap:
-            _, seq, _, nd = heapq.heappop(heap)
+            _, refs, _, seq, _, nd = heapq.heappop(heap)
             if not self._candidate(DEVICE, nd):
                 continue
-            if nd.seq != seq:  # touched since queued: re-queue with its new time
-                heapq.heappush(heap, (nd.last_access, nd.seq, nd.nid, nd))
+            if nd.seq != seq or nd.refs != refs:  # touched or referenced since queued: re-queue
+                heapq.heappush(heap, _entry(DEVICE, nd))
                 continue
             n = nd.ntokens
             if self.write_back:
@@ -235,11 +240,11 @@ class KVCache:
             return False
         heap = self._heaps[tier.bit]
         while tier.free < tokens and heap:
-            _, seq, _, nd = heapq.heappop(heap)
+            _, _, _, seq, _, nd = heapq.heappop(heap)
             if not self._candidate(tier.bit, nd):
                 continue
             if nd.seq != seq:
-                heapq.heappush(heap, (nd.last_access, nd.seq, nd.nid, nd))
+                heapq.heappush(heap, _entry(tier.bit, nd))
                 continue
             nd.tiers &= ~tier.bit
             tier.used -= nd.ntokens
@@ -264,7 +269,7 @@ class KVCache:
             return  # a locked node is evictable from no tier; it is queued again when unlocked
         for bit in self._bits:
             if self._candidate(bit, nd):
-                heapq.heappush(self._heaps[bit], (nd.last_access, nd.seq, nd.nid, nd))
+                heapq.heappush(self._heaps[bit], _entry(bit, nd))
 
     def _after_loss(self, nd: Node) -> None:
         parent = nd.parent
@@ -277,6 +282,7 @@ class KVCache:
 
     def _drop_subtree(self, nd: Node) -> None:
         """Remove a node that holds KV nowhere, with any descendants (unreachable without it)."""
+        heir = nd.parent or self.tree.root
         stack, order = [nd], []
         while stack:
             x = stack.pop()
@@ -289,12 +295,13 @@ class KVCache:
                     tier.used -= n
                     tier.evicted += n
             self.counters.dropped += n
+            self.refs.removed(x, heir)
             self.tree.remove(x)
 
     def _compact(self, bit: int) -> None:
         heap = self._heaps[bit]
         if len(heap) > 2 * self.tree.num_nodes + 4096:
-            fresh = [(n.last_access, n.seq, n.nid, n) for n in self.tree.nodes() if self._candidate(bit, n)]
+            fresh = [_entry(bit, n) for n in self.tree.nodes() if self._candidate(bit, n)]
             heapq.heapify(fresh)
             self._heaps[bit] = fresh
 
@@ -303,6 +310,7 @@ class KVCache:
         """Drop everything (the engine has no running request: nothing is locked)."""
         assert self.protected == 0, "flush with locked nodes"
         self.tree.reset()
+        self.refs = SessionRefs(self.tree.root, self._touch)  # SGLang resets session state on flush
         self.device_tokens = self.evictable = 0
         for tier in (self.host, self.storage):
             if tier is not None:
@@ -338,6 +346,13 @@ class KVCache:
         assert host == self.host_used and sto == self.storage_used, (host, self.host_used, sto, self.storage_used)
         for tier in (self.host, self.storage):
             assert tier is None or 0 <= tier.used <= tier.capacity
+
+
+def _entry(bit: int, nd: Node) -> tuple[bool, int, float, int, int, Node]:
+    """Eviction order in ``bit``'s heap: in HBM unreferenced before referenced, fewer references
+    first (``sessions``), then least recently used; other tiers LRU only."""
+    refs = nd.refs if bit == DEVICE else 0
+    return (refs > 0, refs, nd.last_access, nd.seq, nd.nid, nd)
 
 
 __all__ = ["KVCache", "PrefixHit", "Tier", "CacheCounters"]

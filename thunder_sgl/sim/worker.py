@@ -71,6 +71,10 @@ class SimWorker:
     def abort_all(self, now: float) -> int:
         return sum(self.abort(rid, now) for rid in list(self._rank_of))
 
+    def close_session(self, session_id: str) -> bool:
+        """Dereference a session's KV on every DP rank (it lives on the ranks that served it)."""
+        return any([e.close_session(session_id) for e in self.engines])
+
     def flush_cache(self) -> bool:
         if any(e.reqs for e in self.engines):
             return False
@@ -183,6 +187,8 @@ class SimWorker:
             "pp_size": 1,
             "page_size": s.page_size,
             "chunked_prefill_size": s.chunked_prefill_size,
+            "enable_session_radix_cache": s.enable_session_radix_cache,
+            "enable_mixed_chunk": s.enable_mixed_chunk,
             "max_prefill_tokens": s.max_prefill_tokens,
             "max_running_requests": s.max_running_requests,
             "schedule_policy": "fcfs",
