@@ -197,6 +197,26 @@ class GatewayConfig:
 
 
 @dataclass(frozen=True)
+class WindowConfig:
+    """Weight-update windows and the engine control routes (``thunder_sgl.windows``)."""
+
+    max_window_seconds: float = 1800.0
+    """A window open longer than this is closed by the router, so a trainer that died
+    mid-sync does not hold rollouts forever (the engines are left as they are)."""
+
+    control_timeout_seconds: float = 900.0
+    """Total time allowed for one engine control call to one worker (loading weights from
+    disk can take minutes)."""
+
+    def __post_init__(self) -> None:
+        _check(self.max_window_seconds > 0, "windows.max_window_seconds must be > 0")
+        _check(self.control_timeout_seconds > 0, "windows.control_timeout_seconds must be > 0")
+
+    # The trainer runs in real time, also in front of a simulated cluster.
+    _TIME_FIELDS = ()
+
+
+@dataclass(frozen=True)
 class SandboxConfig:
     """Program-owned tool sandboxes."""
 
@@ -299,6 +319,7 @@ class RouterConfig:
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     sandboxes: SandboxConfig = field(default_factory=SandboxConfig)
+    windows: WindowConfig = field(default_factory=WindowConfig)
     time_scale: float = 1.0
     """Speed of the workers' clock relative to real time; set by scaled(), 1 for real clusters."""
 
@@ -311,7 +332,7 @@ class RouterConfig:
         if time_scale == 1.0:
             return self
         parts = {}
-        for name in ("scheduler", "programs", "monitor", "gateway", "sandboxes"):
+        for name in ("scheduler", "programs", "monitor", "gateway", "sandboxes", "windows"):
             part = getattr(self, name)
             parts[name] = dataclasses.replace(
                 part, **{f: getattr(part, f) / time_scale for f in part._TIME_FIELDS}

@@ -19,23 +19,28 @@ Rules (design.md, "Program model" and "Scheduling model"):
 - Completion updates tokens from usage; every end of a request (success, error, abort)
   returns the program to ACTING — errors never leave it REASONING.
 - Held requests have a timeout; programs idle longer than the idle timeout are released.
+- While a weight-update window is open (``windows``), every new request — stateless ones
+  too — and every restore is held, never failed; time inside windows does not count towards
+  the held timeout. When the engines drop their cached KV (``reset_kv``), the programs there
+  go back to the global queue, so the scheduler refills the cluster in aging order.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from thunder_sgl.backends.backend import Backend
-from thunder_sgl.config import RouterConfig
+from thunder_sgl.config import RouterConfig, SchedulerConfig
 from thunder_sgl.errors import Conflict, NoBackend, NotFound, Overloaded
 from thunder_sgl.programs import Program, ProgramState, ProgramTable, Usage
-from thunder_sgl.config import SchedulerConfig
 from thunder_sgl.scheduler import Decisions, apply, least_loaded, make_policy
 from thunder_sgl.scheduler.cost import program_cost
 from thunder_sgl.scheduler.gate import hbm_fits
+from thunder_sgl.windows import Closed, Windows
 
 
 def prefix_key_of(text: str) -> str:
@@ -61,6 +66,10 @@ class Ticket:
     dispatched_at: float | None = None
     waiter: Any = None
     """Free for the caller (an asyncio future in the gateway, an event in the DES)."""
+    rid: str | None = None
+    """The engine's request id (the key of /abort_request), set by the gateway."""
+    window_mark: float = 0.0
+    """``Windows.elapsed`` when the ticket was held: window time is not held time."""
 
     @property
     def held_seconds(self) -> float:
@@ -87,6 +96,10 @@ class Stats:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     ticks: int = 0
+    window_held: int = 0
+    """Requests held because a weight-update window was open."""
+    kv_resets: int = 0
+    """Programs whose cached KV the engines dropped (new weights, flushed cache)."""
 
 
 @dataclass
@@ -97,6 +110,8 @@ class TickResult:
     released: list[Program] = field(default_factory=list)
     paused: list[Program] = field(default_factory=list)
     placed: list[Program] = field(default_factory=list)
+    window_closed: Closed | None = None
+    """A window the watchdog closed in this tick."""
 
 
 class Controller:
@@ -111,6 +126,8 @@ class Controller:
         self.stats = Stats()
         self._held: dict[str, deque[Ticket]] = {}
         self._held_count = 0
+        self._held_stateless: deque[Ticket] = deque()
+        self.windows = Windows(config.windows.max_window_seconds)
         self._prefix_tokens: dict[str, int] = {}
         self._last_tick = float("-inf")
         self._kick = False
@@ -133,8 +150,8 @@ class Controller:
         return self._held_count
 
     def held_tickets(self) -> list[Ticket]:
-        """Every ticket held now, oldest first per program."""
-        return [t for q in self._held.values() for t in q]
+        """Every ticket held now, oldest first per program (stateless ones last)."""
+        return [t for q in self._held.values() for t in q] + list(self._held_stateless)
 
     def submit(self, t: Ticket, now: float) -> Backend | None:
         """Dispatch ``t`` now (returns its backend) or hold it (returns None).
@@ -143,6 +160,9 @@ class Controller:
         t.created = now
         self.stats.requests += 1
         if t.program_id is None:
+            if self.windows.holding:
+                self._hold_stateless(t, now)
+                return None
             b = least_loaded(self.backend_list(), now, self.policy.stale_after)
             if b is None:
                 raise NoBackend("no available workers", retry_after=self.cfg.gateway.retry_after_seconds)
@@ -159,7 +179,7 @@ class Controller:
             )
         t.program = p
         estimate = self._estimate(p, t)
-        if p.state is ProgramState.ACTIVE and self._gate_open(p, estimate):
+        if p.state is ProgramState.ACTIVE and not self.windows.holding and self._gate_open(p, estimate):
             return self._dispatch(t, p, now, estimate)
         self._hold(t, p, now, estimate)
         return None
@@ -194,8 +214,14 @@ class Controller:
     def cancel(self, t: Ticket) -> bool:
         """Withdraw a held ticket (client gone, or timed out). True if it was held."""
         p = t.program
-        if p is None or t.dispatched_at is not None:
+        if t.dispatched_at is not None:
             return False
+        if p is None:
+            if t not in self._held_stateless:
+                return False
+            self._held_stateless.remove(t)
+            self._held_count -= 1
+            return True
         q = self._held.get(p.id)
         if not q or t not in q:
             return False
@@ -275,6 +301,9 @@ class Controller:
         self._last_tick = now
         self._kick = False
         self.stats.ticks += 1
+        closed = self.windows.expire(now)
+        if self.windows.holding:
+            return TickResult(decisions=Decisions())  # held: no restores, no timeouts, no releases
         d = self.policy.tick(now, self.programs, self.backend_list())
         paused, placed = apply(d, self.programs, now)
         self.stats.pauses += len(paused)
@@ -288,9 +317,36 @@ class Controller:
             res.dispatched.extend(self._drain_program(p, now))
         for b in self.backend_list():
             res.dispatched.extend(self._drain_gated(b, now))
+        res.dispatched.extend(self._drain_stateless(now))
         res.expired = self._expire(now)
         res.released = self._release_idle(now)
+        res.window_closed = closed
         return res
+
+    def reset_kv(self, backend_keys: Iterable[str] | None, now: float) -> list[Program]:
+        """The engines of ``backend_keys`` (None: every backend) dropped their cached KV —
+        new weights, a flushed cache, released KV memory. Every program there is reset
+        (``Program.reset_kv``: its next request is a full prefill, its demand counts fully)
+        and the idle active ones go back to the global queue, a held request keeping its
+        seniority. The next tick re-admits them in aging order where they fit, so the cluster
+        refills within the scheduler's limits instead of every program prefilling at once on
+        its old backend. Returns the programs sent back to the queue."""
+        keys = None if backend_keys is None else set(backend_keys)
+        requeued = []
+        for p in self.programs.values():
+            where = p.backend if p.active else p.prev_backend
+            if keys is not None and where not in keys:
+                continue
+            if p.active and p.in_flight == 0:
+                self.programs.pause(p, now)
+                q = self._held.get(p.id)
+                if q:
+                    p.waiting_since = min(now, q[0].created)
+                requeued.append(p)
+            p.reset_kv(now)
+            self.stats.kv_resets += 1
+        self._kick = True
+        return requeued
 
     def queue(self, now: float) -> list[Program]:
         """The global waiting queue, best first."""
@@ -361,10 +417,13 @@ class Controller:
             raise Overloaded(f"{self._held_count} requests are already held (max_held_requests)",
                              retry_after=self.cfg.gateway.retry_after_seconds)
         p.hold(now, estimate)
+        t.window_mark = self.windows.elapsed(now)
         self._held.setdefault(p.id, deque()).append(t)
         self._held_count += 1
         self.stats.held += 1
-        if p.state is ProgramState.ACTIVE:
+        if self.windows.holding:
+            self.stats.window_held += 1
+        elif p.state is ProgramState.ACTIVE:
             self.stats.gated += 1
         else:
             self._kick = True
@@ -381,8 +440,34 @@ class Controller:
         self._dispatch(t, p, now, estimate)
         return t
 
+    def _hold_stateless(self, t: Ticket, now: float) -> None:
+        if self._held_count >= self.cfg.gateway.max_held_requests:
+            raise Overloaded(f"{self._held_count} requests are already held (max_held_requests)",
+                             retry_after=self.cfg.gateway.retry_after_seconds)
+        t.window_mark = self.windows.elapsed(now)
+        self._held_stateless.append(t)
+        self._held_count += 1
+        self.stats.held += 1
+        self.stats.window_held += 1
+
+    def _drain_stateless(self, now: float) -> list[Ticket]:
+        """Stateless requests held by a window that closed, oldest first, while a backend is up."""
+        out: list[Ticket] = []
+        while self._held_stateless:
+            b = least_loaded(self.backend_list(), now, self.policy.stale_after)
+            if b is None:
+                break
+            t = self._held_stateless.popleft()
+            self._held_count -= 1
+            self.stats.stateless_requests += 1
+            out.append(t)
+            self._dispatch_stateless(t, b, now)
+        return out
+
     def _drain_program(self, p: Program, now: float) -> list[Ticket]:
         """A just-placed program's held request, if the HBM gate lets it through."""
+        if self.windows.holding:
+            return []
         q = self._held.get(p.id)
         if not q or p.state is not ProgramState.ACTIVE or p.in_flight:
             return []
@@ -394,7 +479,7 @@ class Controller:
     def _drain_gated(self, b: Backend, now: float) -> list[Ticket]:
         """Held tickets of active programs on ``b``, oldest first, while the HBM gate lets them
         (one pass: the reasoning total is computed once and grows with each dispatch)."""
-        if not self._held:
+        if not self._held or self.windows.holding:
             return []
         cands = [p for p in self.programs.on_backend(b.key) if p.held and not p.in_flight and p.id in self._held]
         if not cands:
@@ -414,12 +499,12 @@ class Controller:
 
     def _expire(self, now: float) -> list[Ticket]:
         limit = self.cfg.gateway.held_timeout_seconds
+        in_windows = self.windows.elapsed(now)
         out = []
-        for pid in list(self._held):
-            for t in list(self._held.get(pid, ())):
-                if now - t.created > limit:
-                    self.cancel(t)
-                    out.append(t)
+        for t in self.held_tickets():
+            if now - t.created - (in_windows - t.window_mark) > limit:
+                self.cancel(t)
+                out.append(t)
         self.stats.expired += len(out)
         return out
 

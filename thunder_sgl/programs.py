@@ -89,6 +89,8 @@ class Program:
     pauses: int = 0
     restores: int = 0
     migrations: int = 0
+    kv_resets: int = 0
+    """Times the engines dropped this program's cached KV (new weights, flushed cache)."""
     sandboxes: list[str] = field(default_factory=list)
 
     # ---- derived -------------------------------------------------------------------------
@@ -190,6 +192,17 @@ class Program:
     def unhold(self) -> None:
         self._require(self.held > 0, "unhold")
         self.held -= 1
+
+    def reset_kv(self, now: float) -> None:
+        """The engine dropped this program's cached KV (new weights, flushed cache): its next
+        request is a full prefill wherever it runs. Its demand counts fully again (the decay
+        clock restarts) and no backend holds its KV any more, so restoring it anywhere is not
+        a migration (a program still placed keeps its backend)."""
+        if self.state is not ProgramState.ACTIVE:
+            self.prev_backend = None
+        if self.in_flight == 0:
+            self.acting_since = now
+        self.kv_resets += 1
 
     def tool_started(self, now: float) -> None:
         self.tool_running += 1

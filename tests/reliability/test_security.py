@@ -43,6 +43,8 @@ CHAT = {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content
         ("POST", "/workers", {"url": "http://127.0.0.1:9"}, ADMIN),
         ("GET", "/get_loads", None, ADMIN),
         ("POST", "/flush_cache", None, ADMIN),
+        ("POST", "/continue_generation", {}, ADMIN),
+        ("POST", "/abort_request", {"abort_all": True}, ADMIN),
         ("POST", "/programs/sec-1/sandboxes", {}, KEY),
     ],
 )

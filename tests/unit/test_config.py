@@ -22,7 +22,7 @@ def test_shipped_thunder_yaml_equals_the_typed_defaults():
 def test_every_config_field_is_documented_in_thunder_yaml():
     text = (CONFIG_DIR / "thunder.yaml").read_text()
     cfg = RouterConfig()
-    for section in ("scheduler", "programs", "monitor", "gateway", "sandboxes"):
+    for section in ("scheduler", "programs", "monitor", "gateway", "sandboxes", "windows"):
         for f in dataclasses.fields(getattr(cfg, section)):
             assert f"  {f.name}:" in text, f"{section}.{f.name} missing from thunder.yaml"
 

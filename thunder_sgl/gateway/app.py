@@ -19,8 +19,10 @@ from starlette.responses import JSONResponse
 from thunder_sgl import __version__
 from thunder_sgl.config import RouterConfig
 from thunder_sgl.errors import BadRequest, ThunderError, openai_error_body
+from thunder_sgl.gateway.engine_control import EngineControl
 from thunder_sgl.gateway.http import BodyLimit, error_response
 from thunder_sgl.gateway.routes_admin import build_admin_router
+from thunder_sgl.gateway.routes_engine import build_engine_router
 from thunder_sgl.gateway.routes_openai import FastPath, InferenceHandler, build_inference_router
 from thunder_sgl.gateway.routes_programs import build_programs_router
 from thunder_sgl.gateway.runtime import Gateway, Settings
@@ -69,7 +71,9 @@ def create_app(config: RouterConfig, settings: Settings) -> FastPath:
     handler = InferenceHandler(gw)
     app.include_router(build_inference_router(handler))
     app.include_router(build_programs_router(gw))
-    app.include_router(build_admin_router(gw))
+    engines = EngineControl(gw)
+    app.include_router(build_admin_router(gw, engines))
+    app.include_router(build_engine_router(gw, engines))
     attach_sandboxes(app, gw)
     app.add_middleware(BodyLimit, limit=gw.max_body)
     return FastPath(app, handler)

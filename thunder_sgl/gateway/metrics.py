@@ -74,6 +74,8 @@ class _StateCollector(Collector):
                                 value=now - oldest)
         yield GaugeMetricFamily("thunder_held_wait_max_seconds", "Longest wait of any request dispatched after being held",
                                 value=self.gw.metrics.held_wait_max)
+        yield GaugeMetricFamily("thunder_window_open", "1 while a weight-update window holds requests",
+                                value=1.0 if c.windows.holding else 0.0)
         s = c.stats
         for name, value, doc in (
             ("thunder_admissions", s.admissions, "New programs admitted"),
@@ -86,6 +88,10 @@ class _StateCollector(Collector):
             ("thunder_released", s.released, "Programs released"),
             ("thunder_released_idle", s.released_idle, "Programs released by the idle timeout"),
             ("thunder_ticks", s.ticks, "Scheduler ticks"),
+            ("thunder_window_held", s.window_held, "Requests held because a weight-update window was open"),
+            ("thunder_kv_resets", s.kv_resets, "Programs whose cached KV the engines dropped (new weights, flush)"),
+            ("thunder_windows_opened", c.windows.opened, "Weight-update windows opened"),
+            ("thunder_windows_expired", c.windows.expired, "Weight-update windows closed by the watchdog"),
             ("thunder_usage_prompt_tokens", s.prompt_tokens, "Prompt tokens reported in usage"),
             ("thunder_usage_cached_tokens", s.cached_tokens, "Cached prompt tokens reported in usage"),
         ):

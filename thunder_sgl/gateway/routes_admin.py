@@ -1,28 +1,28 @@
 """Admin routes, as sglang_router serves them (sglang-surface.md §3.4), plus /metrics.
 
 Worker management, loads and cache flush need the admin key (when one is configured);
-health, model and /metrics routes are open, as in sglang_router.
+health, model and /metrics routes are open, as in sglang_router. The cache flush goes through
+``EngineControl`` with the RL control routes (``routes_engine``).
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
-import aiohttp
 import orjson
 from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from thunder_sgl.errors import BadRequest, NoBackend, NotFound
+from thunder_sgl.gateway.engine_control import EngineControl
 from thunder_sgl.gateway.http import check_key, read_body
 from thunder_sgl.gateway.runtime import Gateway
 
 WORKER_SCHEMA = {"type": "object", "required": ["url"], "properties": {"url": {"type": "string"}}}
 
 
-def build_admin_router(gw: Gateway) -> APIRouter:
+def build_admin_router(gw: Gateway, engines: EngineControl) -> APIRouter:
     router = APIRouter(tags=["admin"])
 
     def monitor():  # noqa: ANN202
@@ -134,25 +134,10 @@ def build_admin_router(gw: Gateway) -> APIRouter:
         return JSONResponse({"workers": out})
 
     async def flush_cache(request: Request) -> JSONResponse:
+        """Flush every healthy worker's cache; the programs there lose their KV (accounting reset)."""
         check_key(request, gw.admin_key, "admin key")
-        session = gw.session
-        assert session is not None
-        workers = monitor().healthy_workers()
-
-        async def one(url: str) -> tuple[str, int, str]:
-            try:
-                async with session.post(url + "/flush_cache", headers=gw.upstream_auth(),
-                                           timeout=aiohttp.ClientTimeout(total=30)) as r:
-                    return url, r.status, (await r.text())[:200]
-            except (TimeoutError, aiohttp.ClientError, OSError) as e:
-                return url, 0, str(e)
-
-        results = await asyncio.gather(*(one(w.url) for w in workers))
-        ok = [u for u, s, _ in results if s == 200]
-        failed = [{"worker": u, "status": s, "message": m} for u, s, m in results if s != 200]
-        return JSONResponse({"status": "success" if not failed else "partial", "workers_flushed": len(ok),
-                             "total_http_workers": len(workers), "failed": failed},
-                            status_code=200 if not failed else 502)
+        out, status = await engines.flush(request.url.query)
+        return JSONResponse(out, status_code=status)
 
     # One route per method: a two-method route gets one operation id for both (FastAPI warns).
     router.add_api_route("/flush_cache", flush_cache, methods=["POST"], name="flush_cache")

@@ -2,6 +2,8 @@
 
 Each handler: read the body (size limit), parse and validate it (``inbound``), submit a
 ``Ticket`` to the controller and wait while the program is held, then forward (``proxy``).
+Every request gets its engine request id (``rid``) here, so that ``/abort_request`` through
+the router finds it (``Gateway.rids``) while it is held or in flight.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ from typing import Any
 
 from fastapi import APIRouter
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from thunder_sgl.controller import Ticket
 from thunder_sgl.errors import ThunderError
 from thunder_sgl.gateway import proxy
+from thunder_sgl.gateway.aborted import RequestAborted, aborted_response
 from thunder_sgl.gateway.http import check_key, error_response, read_body, wait_disconnect
 from thunder_sgl.gateway.inbound import parse_inbound
 from thunder_sgl.gateway.runtime import Gateway
@@ -64,7 +67,13 @@ class InferenceHandler:
             inbound = parse_inbound(route, raw, headers)
             t = Ticket(inbound.program_id, inbound.prompt_chars, inbound.prompt_tokens,
                        inbound.prefix_key, inbound.prefix_chars)
+            if "rid" not in inbound.body:
+                inbound.body["rid"] = gw.new_rid()
+            if isinstance(inbound.body["rid"], str):
+                t.rid = inbound.body["rid"]
+                gw.track(t)
             disconnected = partial(wait_disconnect, request)
+            resp: Response | None = None
             try:
                 await gw.acquire(t, disconnected)
                 extra = {k: v for k, v in headers.items() if k in self.forwarded}
@@ -72,6 +81,11 @@ class InferenceHandler:
             except asyncio.CancelledError:
                 status = 499  # client closed the request
                 return Response(status_code=499)
+            except RequestAborted:
+                resp = aborted_response(route, inbound.stream, inbound.include_usage, t.rid or "", inbound.body.get("model"))
+            finally:
+                if not isinstance(resp, StreamingResponse):
+                    gw.untrack(t)  # a stream's relay finishes the ticket (Gateway.finish) when it ends
             status = resp.status_code
             return resp
         except Exception as e:

@@ -39,6 +39,7 @@ def describe(p: Program, now: float, wall_offset: float, sandboxes: dict[str, An
         "pauses": p.pauses,
         "restores": p.restores,
         "migrations": p.migrations,
+        "kv_resets": p.kv_resets,
         "time_paused_seconds": round(p.total_paused_seconds + paused_for, 3),
         "tool_seconds_total": round(p.total_tool_seconds, 3),
         "last_tool_seconds": round(p.last_tool_seconds, 3),

@@ -3,15 +3,19 @@
 One ``Gateway`` per app (no module globals). It owns the upstream aiohttp session, the
 ``Controller`` (programs, backends, policy), the ``Monitor`` and the scheduler loop task, which
 runs the policy's tick every Δt and, sooner, when a held or new program needs it. Held requests
-wait on futures that the loop resolves when their program is restored.
+wait on futures that the loop resolves when their program is restored. ``rids`` indexes the
+requests held or in flight by their engine request id, for ``/abort_request``; calls to the
+workers outside the inference path go through ``workers`` (``WorkersClient``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -23,7 +27,9 @@ from thunder_sgl.backends.monitor import Monitor, Worker
 from thunder_sgl.config import RouterConfig
 from thunder_sgl.controller import Controller, Ticket, TickResult
 from thunder_sgl.errors import NotFound, Overloaded, ThunderError
+from thunder_sgl.gateway.aborted import RequestAborted
 from thunder_sgl.gateway.metrics import GatewayMetrics
+from thunder_sgl.gateway.workers_client import WorkersClient
 from thunder_sgl.programs import Program, Usage
 
 if TYPE_CHECKING:
@@ -65,6 +71,10 @@ class Gateway:
         self._loop_task: asyncio.Task[None] | None = None
         self._bg: set[asyncio.Task[Any]] = set()
         self.started_at = time.time()
+        self.workers = WorkersClient(lambda: self.session, self.upstream_auth(), config.windows.control_timeout_seconds)
+        self.rids: dict[str, Ticket] = {}
+        self._rid_prefix = f"thunder-{uuid.uuid4().hex[:12]}-r"
+        self._rid_seq = itertools.count()
 
     # ---- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -143,6 +153,10 @@ class Gateway:
             self.controller.remove_backend(b.key)
         self.kick()
 
+    def kick(self) -> None:
+        """Run a scheduler tick soon."""
+        self._kick.set()
+
     def suspect(self, b: Backend, reason: str) -> None:
         if self.monitor:
             self.monitor.suspect(b, reason)
@@ -175,7 +189,30 @@ class Gateway:
                 watcher.cancel()
 
     def finish(self, t: Ticket, usage: Usage | None) -> None:
+        self.untrack(t)
         self._dispatch(self.controller.finish(t, self.clock(), usage))
+
+    # ---- request ids (for /abort_request) ---------------------------------------------
+    def new_rid(self) -> str:
+        """A request id unique to this router process (cheaper than uuid4 per request)."""
+        return f"{self._rid_prefix}{next(self._rid_seq)}"
+
+    def track(self, t: Ticket) -> None:
+        if t.rid is not None:
+            self.rids[t.rid] = t
+
+    def untrack(self, t: Ticket) -> None:
+        if t.rid is not None and self.rids.get(t.rid) is t:
+            del self.rids[t.rid]
+
+    def abort_held(self, t: Ticket) -> bool:
+        """Withdraw a held request; its client is answered as an aborted request. False when
+        it is not held (dispatched meanwhile, or gone)."""
+        if not self.controller.cancel(t):
+            return False
+        self.untrack(t)
+        self._fail(t, RequestAborted("request aborted while held"))
+        return True
 
     def failover(self, t: Ticket, reason: str) -> None:
         """The upstream could not be reached before any byte: mark it, requeue the program
@@ -235,6 +272,10 @@ class Gateway:
                 retry_after=self.cfg.gateway.retry_after_seconds))
         for p in res.released:
             self._after_release(p)
+        if res.window_closed is not None:
+            log.error("weight-update window %d closed by the router after %.0fs (windows.max_window_seconds): "
+                      "held requests go to the engines as they are", res.window_closed.window.id,
+                      res.window_closed.seconds)
         self.metrics.on_tick(res)
         for hook in self.on_tick:
             hook(res)

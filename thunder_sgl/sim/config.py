@@ -400,6 +400,17 @@ class HttpSpec:
 
 
 @dataclass(frozen=True)
+class ControlSpec:
+    """Engine control for RL (``/update_weights_from_disk`` and friends, ``sim.control``)."""
+
+    weight_update_seconds: float = 2.0
+    """Virtual seconds one /update_weights_from_disk takes (reading the weights from disk)."""
+
+    def __post_init__(self) -> None:
+        _check(self.weight_update_seconds >= 0, "control.weight_update_seconds must be >= 0")
+
+
+@dataclass(frozen=True)
 class SimConfig:
     """One simulated worker: dp_size engines of one model on one kind of hardware."""
 
@@ -414,6 +425,7 @@ class SimConfig:
     output: OutputSpec = field(default_factory=OutputSpec)
     faults: FaultSpec = field(default_factory=FaultSpec)
     http: HttpSpec = field(default_factory=HttpSpec)
+    control: ControlSpec = field(default_factory=ControlSpec)
 
     seed: int = 0
     """Seed of generated text and of fault draws."""

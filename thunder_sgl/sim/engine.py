@@ -25,6 +25,10 @@ Scheduling follows SGLang 0.5 (``scheduler.py``, ``schedule_policy.PrefillAdder`
   ``retract_decode_steps`` steps. They return to the head of the waiting queue, keep their output,
   and prefill prompt + output again. ``new_token_ratio`` is then re-estimated; it decays by a
   fixed step per decode step and resets when the engine idles.
+
+While ``paused`` (``/pause_generation`` in ``in_place`` or ``retract`` mode, ``sim.control``)
+no plan starts: the one in progress ends at its step boundary and the engine waits, its
+requests where they are, until generation continues.
 """
 
 from __future__ import annotations
@@ -114,6 +118,8 @@ class Engine:
         self._head_path: list[Node] = []
         self._aborts = False
         """Some running or prefilling request was aborted and not yet reaped."""
+        self.paused: str | None = None
+        """Pause mode (in_place, retract) while generation is paused (``sim.control``)."""
         self.hist_ttft = Histogram(LATENCY_BUCKETS)
         self.hist_e2e = Histogram(LATENCY_BUCKETS)
         self.hist_load_back = Histogram(LOAD_BUCKETS)
@@ -139,6 +145,8 @@ class Engine:
             return self._now
         if self._plan is not None:
             return self._plan.end
+        if self.paused is not None:
+            return self._t if self._aborts else None
         if not self._stalled and (self.running or self.waiting or self.chunked):
             return self._t
         return None
@@ -169,9 +177,15 @@ class Engine:
         """Drop a session's reference to its KV (``/close_session``); True if it had one."""
         return self.cache.refs.close(session_id)
 
+    def can_flush(self) -> bool:
+        """SGLang flushes only a fully idle engine; requests waiting in a paused one are
+        ignored (they hold no KV: a retract pause released theirs)."""
+        busy = self.running or self.chunked is not None or self._plan is not None
+        return not busy and (not self.waiting or self.paused is not None)
+
     def flush_cache(self) -> bool:
         """Drop every cached prefix; refused (False) while requests run or wait, as SGLang."""
-        if self.reqs:
+        if not self.can_flush():
             return False
         self.cache.flush()
         return True
@@ -206,6 +220,9 @@ class Engine:
                     self.ratio = self.cfg.server.init_new_token_ratio
                     break
                 if self._stalled or self._t > until:
+                    break
+                if self.paused is not None:
+                    self._reap_aborted(self._t, out)
                     break
                 p = self._make_plan(self._t, out)
                 if p is None:

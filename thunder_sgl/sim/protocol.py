@@ -40,6 +40,8 @@ class Parsed:
     created: int
     session_id: str | None = None
     """Top-level ``session_id`` (SGLang 0.5.23: all three routes)."""
+    weight_version: str = "default"
+    """The worker's weight version when the request entered the engine."""
 
 
 def _int(v: Any, name: str) -> int:
@@ -175,7 +177,7 @@ def chat_response(p: Parsed, ev: Completion, text: str, cfg: SimConfig) -> dict[
             "matched_stop": None,
         }],
         "usage": usage(ev, cfg),
-        "metadata": {"weight_version": "default"},
+        "metadata": {"weight_version": p.weight_version},
     }
     if p.details:
         out["sglext"] = {"cached_tokens_details": _details(ev, cfg)}
@@ -190,7 +192,7 @@ def completions_response(p: Parsed, ev: Completion, text: str, cfg: SimConfig) -
         "model": cfg.model.name,
         "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(ev), "matched_stop": None}],
         "usage": usage(ev, cfg),
-        "metadata": {"weight_version": "default"},
+        "metadata": {"weight_version": p.weight_version},
     }
     if p.details:
         out["sglext"] = {"cached_tokens_details": _details(ev, cfg)}
@@ -198,7 +200,7 @@ def completions_response(p: Parsed, ev: Completion, text: str, cfg: SimConfig) -
 
 
 def generate_meta(p: Parsed, ev: Completion | None, completion_tokens: int, cfg: SimConfig) -> dict[str, Any]:
-    meta: dict[str, Any] = {"id": p.rid, "finish_reason": None, "prompt_tokens": len(p.input_ids), "weight_version": "default", "completion_tokens": completion_tokens}
+    meta: dict[str, Any] = {"id": p.rid, "finish_reason": None, "prompt_tokens": len(p.input_ids), "weight_version": p.weight_version, "completion_tokens": completion_tokens}
     if ev is not None:
         if ev.finish_reason == "length":
             meta["finish_reason"] = {"type": "length", "length": ev.completion_tokens}

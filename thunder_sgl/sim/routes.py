@@ -48,6 +48,11 @@ async def _infer(request: web.Request, kind: str) -> web.StreamResponse:
             parsed = P.parse_completions(body, h, cfg, w.tokenizer, uuid.uuid4().hex)
         else:
             parsed = P.parse_generate(body, h, cfg, w.tokenizer, uuid.uuid4().hex)
+    except SimRequestError as e:
+        return error_response(str(e), e.status)
+    await srv.admitted()  # generation paused, weights loading or memory released: wait, as SGLang
+    parsed.weight_version = w.weight_version
+    try:
         pend = srv.submit(_to_sim(parsed), parsed.stream)
     except SimRequestError as e:
         return error_response(str(e), e.status)
@@ -285,6 +290,9 @@ def add_routes(app: web.Application) -> None:
     r.add_post("/flush_cache", flush_cache)
     r.add_post("/abort_request", abort_request)
     r.add_post("/close_session", close_session)
+    from thunder_sgl.sim.routes_control import add_control_routes
+
+    add_control_routes(r)
     r.add_get("/sim/faults", get_faults)
     r.add_post("/sim/faults", post_faults)
     r.add_get("/sim/state", sim_state)

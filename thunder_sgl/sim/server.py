@@ -10,6 +10,11 @@ clock without ``real_delay`` (a ``ManualClock``) is advanced by its owner, who c
 aiohttp sets TCP_NODELAY on every accepted socket (``BaseProtocol.connection_made``), so streams
 on keep-alive connections do not stall on Nagle's algorithm.
 
+Engine control for RL (pause, continue, weight updates, memory release) is in
+``routes_control`` over ``control``; while generation is paused, weights load or memory is
+released, new requests wait at the front end (``admitted``), as SGLang's tokenizer manager
+holds them.
+
 Admin additions of the simulator: ``GET/POST /sim/faults`` (fault knobs, answered even while
 ``stop_answering`` or starting) and ``GET /sim/state`` (engine snapshots as JSON).
 """
@@ -75,6 +80,34 @@ class SimServer:
         self.poll_s = worker.cfg.http.stream_poll_ms / 1000.0
         self._wake: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
+        self._accepting = asyncio.Event()
+        self._accepting.set()
+
+    def refresh_gate(self) -> None:
+        """Open or close the front door after an engine control call (``sim.control``)."""
+        if self.worker.accepting:
+            self._accepting.set()
+        else:
+            self._accepting.clear()
+
+    async def admitted(self) -> None:
+        """Returns when new requests may enter the engines."""
+        while not self.worker.accepting:
+            self.refresh_gate()
+            await self._accepting.wait()
+
+    async def settle(self, done: Callable[[], bool], timeout: float) -> bool:
+        """Drive the engines until ``done()`` (True) or ``timeout`` real seconds (False)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            self.sync()
+            if done():
+                return True
+            if loop.time() >= deadline:
+                return False
+            self.kick()
+            await asyncio.sleep(self.poll_s)
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"sim-worker-{self.worker.worker_id}")

@@ -39,6 +39,20 @@ class SimWorker:
         self.start_time = time.time()
         self._rr = 0
         self._rank_of: dict[str, int] = {}
+        # Engine control (``sim.control``): RL weight updates and memory release.
+        self.paused: str | None = None
+        """Mode of /pause_generation until /continue_generation (new requests wait meanwhile)."""
+        self.updating = False
+        """An /update_weights_from_disk is loading weights (new requests wait meanwhile)."""
+        self.weight_version = "default"
+        self.weight_updates = 0
+        self.released: set[str] = set()
+        """Memory occupation tags released (new requests wait until all are resumed)."""
+
+    @property
+    def accepting(self) -> bool:
+        """New requests may enter the engines (generation neither paused nor held)."""
+        return self.paused is None and not self.updating and not self.released
 
     # ---- driving ----------------------------------------------------------------------
     def submit(self, request: SimRequest, now: float) -> int:
@@ -76,7 +90,7 @@ class SimWorker:
         return any([e.close_session(session_id) for e in self.engines])
 
     def flush_cache(self) -> bool:
-        if any(e.reqs for e in self.engines):
+        if not all(e.can_flush() for e in self.engines):
             return False
         for e in self.engines:
             e.flush_cache()
@@ -167,7 +181,7 @@ class SimWorker:
             "tokenizer_path": m.model_path,
             "is_generation": True,
             "preferred_sampling_params": None,
-            "weight_version": "default",
+            "weight_version": self.weight_version,
             "has_image_understanding": False,
             "has_audio_understanding": False,
             "model_type": m.model_type,
