@@ -88,6 +88,28 @@ class SchedulerConfig:
     """Reference the KV of the programs thunder keeps (``session_id`` = program id, on workers
     started with ``--enable-session-radix-cache``) and dereference it on pause and release."""
 
+    occupancy_target: float = 0.95
+    """Cost-based admission: the share of time a backend should have a request in flight."""
+
+    admission_gain: float = 1.0
+    """Share of the idle engine time one period's increase aims to fill."""
+
+    admission_decrease: float = 0.5
+    """Multiplicative decrease of the extra admission once a backend is saturated."""
+
+    admission_deadband: float = 0.03
+    """No change while the occupancy is within this of the target (no oscillation)."""
+
+    admission_max_step: float = 0.25
+    """Largest increase of the extra admission in one period, as a share of the pool."""
+
+    max_overcommit: float = 1.0
+    """Largest extra admission, as a share of the pool (1: up to twice what fits)."""
+
+    cost_ema_alpha: float = 0.2
+    """Smoothing of the measured costs (engine time per step, prefill time per token, request
+    and tool times)."""
+
     def __post_init__(self) -> None:
         _check(self.tick_seconds > 0, "scheduler.tick_seconds must be > 0")
         _check(self.decay_base >= 1.0, "scheduler.decay_base must be >= 1 (1 disables decay)")
@@ -102,6 +124,11 @@ class SchedulerConfig:
         _check(0 < self.output_ema_alpha <= 1, "scheduler.output_ema_alpha must be in (0, 1]")
         _check(self.kick_min_interval_seconds >= 0, "scheduler.kick_min_interval_seconds must be >= 0")
         _check(self.admission in ("cost", "fixed"), "scheduler.admission must be cost or fixed")
+        _check(0 < self.occupancy_target < 1, "scheduler.occupancy_target must be in (0, 1)")
+        _check(0 < self.admission_gain <= 4 and 0 < self.admission_decrease <= 1, "admission gain in (0, 4], decrease in (0, 1]")
+        _check(0 <= self.admission_deadband < self.occupancy_target, "scheduler.admission_deadband must be in [0, target)")
+        _check(0 < self.admission_max_step <= 1 and 0 <= self.max_overcommit <= 4, "admission_max_step in (0, 1], max_overcommit in [0, 4]")
+        _check(0 < self.cost_ema_alpha <= 1, "scheduler.cost_ema_alpha must be in (0, 1]")
 
     _TIME_FIELDS = ("tick_seconds", "held_bonus_seconds", "idle_bonus_seconds", "reserve_after_seconds", "kick_min_interval_seconds")
 
@@ -119,10 +146,14 @@ class ProgramsConfig:
     chars_per_token: float = 4.0
     """Initial estimate used to size a request before its usage is known; refined per program."""
 
+    size_ema_alpha: float = 0.3
+    """Smoothing of a program's learned characters per token."""
+
     def __post_init__(self) -> None:
         _check(self.idle_timeout_seconds > 0, "programs.idle_timeout_seconds must be > 0")
         _check(self.max_programs >= 1, "programs.max_programs must be >= 1")
         _check(self.chars_per_token > 0, "programs.chars_per_token must be > 0")
+        _check(0 < self.size_ema_alpha <= 1, "programs.size_ema_alpha must be in (0, 1]")
 
     _TIME_FIELDS = ("idle_timeout_seconds",)
 

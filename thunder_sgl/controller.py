@@ -40,6 +40,7 @@ from thunder_sgl.programs import Program, ProgramState, ProgramTable, Usage
 from thunder_sgl.scheduler import Decisions, apply, least_loaded, make_policy
 from thunder_sgl.scheduler.cost import program_cost
 from thunder_sgl.scheduler.gate import hbm_fits
+from thunder_sgl.kvrefs import KVRefs
 from thunder_sgl.windows import Closed, Windows
 
 
@@ -120,6 +121,7 @@ class Controller:
         self.policy_name = policy
         self.policy = make_policy(policy, config.scheduler, config.monitor.stale_after_seconds)
         self.sched: SchedulerConfig = self.policy.cfg
+        self.kvrefs = KVRefs(self.sched.session_refs)
         """The one source of scheduling parameters: the configuration as the policy adjusted it."""
         self.programs = ProgramTable()
         self.backends: dict[str, Backend] = {}
@@ -189,7 +191,7 @@ class Controller:
         that the freed HBM room lets through now."""
         b = t.backend
         if b is not None:
-            b.inflight = max(0, b.inflight - 1)
+            b.ended(now)
         if usage is not None:
             self.stats.prompt_tokens += usage.prompt_tokens
             self.stats.cached_tokens += usage.cached_tokens
@@ -199,17 +201,39 @@ class Controller:
         if p is None or self.programs.get(p.id) is not p or p.in_flight == 0:
             return []  # stateless, or released meanwhile
         first = p.steps == 0
+        if usage is not None and b is not None:
+            self._measure(b, p, t, usage, now)
         p.finish_request(now, usage, self.sched.output_ema_alpha)
         if usage is not None:
-            if t.prompt_chars and usage.prompt_tokens:
-                cpt = t.prompt_chars / usage.prompt_tokens
-                p.chars_per_token = cpt if p.chars_per_token <= 0 else 0.7 * p.chars_per_token + 0.3 * cpt
-            if first and p.prefix_key and usage.cached_tokens > 0:
-                learned = min(usage.cached_tokens, usage.prompt_tokens)
-                if learned > self._prefix_tokens.get(p.prefix_key, 0):
-                    self._prefix_tokens[p.prefix_key] = learned
-                p.shared_prefix_tokens = max(p.shared_prefix_tokens, learned)
+            self._learn_sizes(p, t, usage, first)
         return self._drain_gated(b, now) if b is not None else []
+
+    def _measure(self, b: Backend, p: Program, t: Ticket, usage: Usage, now: float) -> None:
+        """What the admission rule reads of this step (``Backend.served``): its tokens, the part
+        of the program's previous context the engine had to compute again, the request time."""
+        s, a = b.served, self.sched.cost_ema_alpha
+        s.steps += 1
+        s.prompt_tokens += usage.prompt_tokens
+        s.cached_tokens += usage.cached_tokens
+        if p.steps > 0:  # context_tokens is still the previous step's
+            new = max(0, usage.prompt_tokens - p.context_tokens)
+            s.recompute_tokens += max(0, usage.prompt_tokens - usage.cached_tokens - new)
+        if t.dispatched_at is not None:
+            d = now - t.dispatched_at
+            s.request_s = d if s.request_s <= 0 else s.request_s + a * (d - s.request_s)
+
+    def _learn_sizes(self, p: Program, t: Ticket, usage: Usage, first: bool) -> None:
+        """Sizes learned from usage: the program's characters per token (to estimate its next
+        prompt) and, from a first request's cached tokens, the shared prefix."""
+        if t.prompt_chars and usage.prompt_tokens:
+            cpt = t.prompt_chars / usage.prompt_tokens
+            a = self.cfg.programs.size_ema_alpha
+            p.chars_per_token = cpt if p.chars_per_token <= 0 else p.chars_per_token + a * (cpt - p.chars_per_token)
+        if first and p.prefix_key and usage.cached_tokens > 0:
+            learned = min(usage.cached_tokens, usage.prompt_tokens)
+            if learned > self._prefix_tokens.get(p.prefix_key, 0):
+                self._prefix_tokens[p.prefix_key] = learned
+            p.shared_prefix_tokens = max(p.shared_prefix_tokens, learned)
 
     def cancel(self, t: Ticket) -> bool:
         """Withdraw a held ticket (client gone, or timed out). True if it was held."""
@@ -244,6 +268,7 @@ class Controller:
         q = self._held.pop(pid, deque())
         self._held_count -= len(q)
         self.stats.released += 1
+        self.kvrefs.left(p)
         self._kick = True
         return p, list(q)
 
@@ -278,6 +303,7 @@ class Controller:
         if p is not None and self.programs.get(p.id) is p and p.active and not p.in_flight:
             self.programs.pause(p, now)
             self.stats.pauses += 1
+            self.kvrefs.left(p)
         t.backend = t.dispatched_at = None
         self._kick = True
         return out
@@ -306,6 +332,13 @@ class Controller:
             return TickResult(decisions=Decisions())  # held: no restores, no timeouts, no releases
         d = self.policy.tick(now, self.programs, self.backend_list())
         paused, placed = apply(d, self.programs, now)
+        for key, level in d.admission.items():
+            b = self.backends.get(key)
+            if b is not None:
+                b.admission = level
+        for p in paused:
+            self.kvrefs.left(p)
+        self.kvrefs.overcommitted(d.unref, self.programs)
         self.stats.pauses += len(paused)
         admitted = [p for p in placed if p.restores == 0]
         self.stats.admissions += len(admitted)
@@ -344,6 +377,7 @@ class Controller:
                     p.waiting_since = min(now, q[0].created)
                 requeued.append(p)
             p.reset_kv(now)
+            self.kvrefs.forget(p)
             self.stats.kv_resets += 1
         self._kick = True
         return requeued
@@ -400,15 +434,27 @@ class Controller:
     def _hbm_limit(self, b: Backend) -> float:
         return self.sched.hbm_lambda * b.tiers.hbm_tokens if self.sched.tier_aware else float("inf")
 
+    def session_for(self, t: Ticket) -> str | None:
+        """The ``session_id`` the dispatched ticket's request carries (``kvrefs``)."""
+        p, b = t.program, t.backend
+        if p is None or b is None or self.programs.get(p.id) is not p:
+            return None
+        return self.kvrefs.session_for(p, b)
+
     def _dispatch(self, t: Ticket, p: Program, now: float, estimate: int) -> Backend:
         b = self.backends[p.backend]  # type: ignore[index]
+        returning = p.steps > 0 and p.in_flight == 0
         p.start_request(now, estimate)
-        b.inflight += 1
+        if returning:  # the tool time since its last step (start_request measured it)
+            s, a = b.served, self.sched.cost_ema_alpha
+            s.tool_s = p.last_tool_seconds if s.tool_s <= 0 else s.tool_s + a * (p.last_tool_seconds - s.tool_s)
+        b.sent(now)
+        self.kvrefs.dispatched(p, b)
         t.backend, t.dispatched_at = b, now
         return b
 
     def _dispatch_stateless(self, t: Ticket, b: Backend, now: float) -> Backend:
-        b.inflight += 1
+        b.sent(now)
         t.backend, t.dispatched_at = b, now
         return b
 

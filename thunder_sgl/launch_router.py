@@ -25,11 +25,17 @@ THUNDER = "thunder"
 SECRET_OPTIONS = ("--api-key", "--thunder-admin-api-key", "--control-plane-api-keys", "--oracle-password")
 
 
+VARIANTS = {"tier-aware": "thunder", "fixed": "thunder-fixed", "paper": "thunder-paper"}
+"""``--thunder-variant`` → program policy (``scheduler.policies.POLICIES``)."""
+
+
 def add_thunder_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("Thunder (program-aware policy)", "Used with --policy thunder")
     g.add_argument("--thunder-config", default=None, help="YAML config of the thunder policy (default: the packaged configs/thunder.yaml)")
-    g.add_argument("--thunder-variant", default="tier-aware", choices=["tier-aware", "paper"],
-                   help="tier-aware: HBM + HiCache tiers as one pool, HBM gate for reasoning KV; paper: the ThunderAgent paper's method (HBM only)")
+    g.add_argument("--thunder-variant", default="tier-aware", choices=list(VARIANTS),
+                   help="tier-aware (default): HBM + HiCache tiers as one pool, HBM gate for reasoning KV, admission "
+                        "from measured engine costs, KV references; fixed: the same with the admission fixed at the "
+                        "watermarks and no KV references (the earlier default); paper: the ThunderAgent paper's method (HBM only)")
     g.add_argument("--thunder-time-scale", type=float, default=1.0,
                    help="divide every time constant of the policy by this (use the workers' --time-scale with simulated workers)")
     g.add_argument("--thunder-tick-seconds", type=float, default=None, help="override scheduler.tick_seconds (Δt)")
@@ -130,7 +136,7 @@ def serve(args: argparse.Namespace, argv: Sequence[str]) -> None:
     port = sock.getsockname()[1]
     settings = Settings(
         worker_urls=list(args.worker_urls or []),
-        policy="thunder" if args.thunder_variant == "tier-aware" else "thunder-paper",
+        policy=VARIANTS[args.thunder_variant],
         api_key=args.api_key,
         admin_api_key=args.thunder_admin_api_key,
         max_payload_size=args.max_payload_size if _explicit(argv, "--max-payload-size") else None,

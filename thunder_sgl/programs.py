@@ -92,6 +92,8 @@ class Program:
     kv_resets: int = 0
     """Times the engines dropped this program's cached KV (new weights, flushed cache)."""
     sandboxes: list[str] = field(default_factory=list)
+    session_on: str | None = None
+    """Backend where the program's KV is referenced by its session (``kvrefs``)."""
 
     # ---- derived -------------------------------------------------------------------------
     @property

@@ -16,6 +16,10 @@ would let the scheduler overcommit by a whole HBM's worth of tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from thunder_sgl.backends.parse import RankLoad
 
 INCLUSIVE_WRITE_POLICIES = frozenset({"write_through", "write_through_selective"})
 
@@ -71,6 +75,50 @@ class Live:
     """Requests the engine retracted (queues.retracted) at the last reading."""
     updated_at: float | None = None
     """Router clock time of the last good reading; None: never read."""
+    prefill_tokens_total: int = 0
+    """Tokens the engine prefilled since it started (``total_prefill_uncached_tokens``)."""
+    engine_busy_s_total: float = 0.0
+    """Seconds the engine spent in prefill and decode iterations since it started
+    (``total_prefill_busy_us`` + Σt of ``decode_moments``)."""
+    prefill_busy_s_total: float = 0.0
+    reports_busy: bool = False
+    """The engine reports those counters (SGLang 0.5.23 does; older versions do not)."""
+
+    def read(self, r: RankLoad, now: float, host: tuple[int, int] | None = None) -> None:
+        """Take one rank's ``/v1/loads`` entry (and its host-tier gauges) as read at ``now``."""
+        self.used_tokens, self.running_reqs, self.waiting_reqs = r.used_tokens, r.running_reqs, r.waiting_reqs
+        self.token_usage, self.cache_hit_rate, self.retracted_reqs = r.token_usage, r.cache_hit_rate, r.retracted_reqs
+        self.prefill_tokens_total, self.prefill_busy_s_total = r.prefill_tokens_total, r.prefill_busy_s_total
+        self.engine_busy_s_total = r.prefill_busy_s_total + (r.decode.busy_s if r.decode is not None else 0.0)
+        self.reports_busy = self.reports_busy or r.prefill_busy_s_total > 0 or r.decode is not None
+        if host is not None:
+            self.host_used_tokens = host[1]
+        self.updated_at = now
+
+
+@dataclass(slots=True)
+class Served:
+    """What this router measured of a backend, cumulative: how long it had a request in flight
+    (occupancy), and the steps of its programs with their prompt, cached and recomputed tokens
+    and (EMAs) request and tool times. The admission rule reads differences of these."""
+
+    steps: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    recompute_tokens: int = 0
+    """Prompt tokens prefilled that the program had computed before (its context minus the
+    part the engine still had cached), summed over steps."""
+    occupied_s: float = 0.0
+    busy_since: float | None = None
+    """When the backend last went from no request in flight to one (None: none in flight)."""
+    request_s: float = 0.0
+    """EMA of a request's duration (dispatch to last byte)."""
+    tool_s: float = 0.0
+    """EMA of the tool time between a program's requests."""
+
+    def occupied(self, now: float) -> float:
+        """Seconds with at least one request in flight, up to ``now``."""
+        return self.occupied_s + (now - self.busy_since if self.busy_since is not None else 0.0)
 
 
 @dataclass(slots=True, eq=False)
@@ -92,6 +140,25 @@ class Backend:
     """DP ranks of the worker: with more than one, requests are pinned to this rank."""
     inflight: int = 0
     """Requests the router has in flight on this backend (program and stateless)."""
+    session_refs: bool = False
+    """The worker runs with ``--enable-session-radix-cache`` (a ``session_id`` references KV)."""
+    served: Served = field(default_factory=Served)
+    admission: object = None
+    """The admission rule's state for this backend (``scheduler.admission.AdmissionState``;
+    None until its first update). Written only by ``scheduler.apply``."""
+
+    def sent(self, now: float) -> None:
+        """A request went to this backend."""
+        if self.inflight == 0:
+            self.served.busy_since = now
+        self.inflight += 1
+
+    def ended(self, now: float) -> None:
+        """A request on this backend ended (answered, failed or aborted)."""
+        self.inflight = max(0, self.inflight - 1)
+        if self.inflight == 0 and self.served.busy_since is not None:
+            self.served.occupied_s += now - self.served.busy_since
+            self.served.busy_since = None
 
     @property
     def key(self) -> str:

@@ -199,7 +199,8 @@ class Monitor:
         except (ParseError, aiohttp.ClientError, ValueError):
             w.model_info = None
         w.info = info
-        w.backends = [Backend(w.url, r, info.tiers(), monitored=True, model_id=info.model_path, dp_size=info.dp_size)
+        w.backends = [Backend(w.url, r, info.tiers(), monitored=True, model_id=info.model_path, dp_size=info.dp_size,
+                              session_refs=info.session_radix_cache)
                       for r in range(info.dp_size)]
         w.registered = True
         w.last_error = None
@@ -234,14 +235,10 @@ class Monitor:
             if r.dp_rank >= len(w.backends):
                 continue
             b = w.backends[r.dp_rank]
-            lv = b.live
-            lv.used_tokens, lv.running_reqs, lv.waiting_reqs = r.used_tokens, r.running_reqs, r.waiting_reqs
-            lv.token_usage, lv.cache_hit_rate, lv.retracted_reqs = r.token_usage, r.cache_hit_rate, r.retracted_reqs
-            lv.updated_at = now
-            if r.dp_rank in host:
-                total, used = host[r.dp_rank]
-                b.tiers.host_tokens = total
-                lv.host_used_tokens = used
+            h = host.get(r.dp_rank)
+            if h is not None:
+                b.tiers.host_tokens = h[0]
+            b.live.read(r, now, h)
         w.fails = 0
         w.oks += 1
         if not w.healthy and w.oks >= self.cfg.success_threshold:

@@ -138,7 +138,7 @@ class DesRun:
         a.rid = f"{a.pid}:{a.step}:{a.attempt}"
         try:
             self.workers[d.worker].submit(SimRequest(a.rid, a.tokens.prompt, step.output_tokens, dp_rank=d.dp_rank,
-                                                     routing_key=a.pid), now)
+                                                     routing_key=a.pid, session_id=d.session_id), now)
         except SimRequestError:
             self.router.complete(a, None, now)
             self.counts["overflow"] += 1
@@ -265,6 +265,7 @@ class DesRun:
                     self._tool_end(a, t)
                 elif a.pid in self.agents:
                     self._issue(a, t)
+            router.after(t)
             if self._warm is None and t >= self.rec.warmup_s:
                 self._warm = self._engine_totals(t)
             if next_sample <= t:

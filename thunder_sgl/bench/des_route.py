@@ -41,6 +41,8 @@ class Dispatch(NamedTuple):
     agent: Any
     worker: int
     dp_rank: int | None
+    session_id: str | None = None
+    """``session_id`` the request carries (thunder's KV references, ``kvrefs``)."""
 
 
 Reader = Callable[[int, float], SimWorker]
@@ -76,7 +78,8 @@ class ThunderRouter:
         self.hicache = []
         for i, w in enumerate(workers):
             info = parse_server_info(w.server_info())
-            bs = [Backend(f"sim://node{i}", r, info.tiers(), monitored=True, model_id=info.model_path)
+            bs = [Backend(f"sim://node{i}", r, info.tiers(), monitored=True, model_id=info.model_path,
+                          session_refs=info.session_radix_cache)
                   for r in range(info.dp_size)]
             for b in bs:
                 self.ctl.add_backend(b)
@@ -120,7 +123,15 @@ class ThunderRouter:
 
     def _dispatch(self, t: Ticket) -> Dispatch:
         i, rank = self.where[t.backend.key]  # type: ignore[union-attr]
-        return Dispatch(t.waiter, i, rank)
+        return Dispatch(t.waiter, i, rank, self.ctl.session_for(t))
+
+    def after(self, now: float) -> None:
+        """End of an instant of the simulation: drop the KV references the controller let go
+        of (as the gateway's ``send_closes`` does after ticks, releases and failovers)."""
+        for sid, key in self.ctl.kvrefs.take_closes():
+            where = self.where.get(key)
+            if where is not None:
+                self.read(where[0], now).close_session(sid)
 
     def _kick(self, now: float) -> None:
         self.ctl.kick()
@@ -156,12 +167,10 @@ class ThunderRouter:
                 if r.dp_rank >= len(bs):
                     continue
                 b = bs[r.dp_rank]
-                lv = b.live
-                lv.used_tokens, lv.running_reqs, lv.waiting_reqs = r.used_tokens, r.running_reqs, r.waiting_reqs
-                lv.token_usage, lv.cache_hit_rate, lv.retracted_reqs = r.token_usage, r.cache_hit_rate, r.retracted_reqs
-                lv.updated_at = now
-                if r.dp_rank in host:
-                    b.tiers.host_tokens, lv.host_used_tokens = host[r.dp_rank]
+                h = host.get(r.dp_rank)
+                if h is not None:
+                    b.tiers.host_tokens = h[0]
+                b.live.read(r, now, h)
 
     # ---- end of run ---------------------------------------------------------------------
     def drain(self, agents: list[Any], now: float) -> None:
@@ -202,6 +211,9 @@ class StockRouter:
 
     def release(self, agent: Any, now: float) -> None:
         self.policy.on_release(agent.pid)
+
+    def after(self, now: float) -> None:
+        pass
 
     def next_time(self) -> float:
         return min(self.next_poll, self.next_evict)

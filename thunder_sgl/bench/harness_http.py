@@ -65,6 +65,8 @@ RouterStarter = Callable[[list[str], float, Path, list[str]], Proc | None]
 ROUTER_STARTERS: dict[str, RouterStarter] = {
     "thunder": lambda urls, scale, logs, extra: start_thunder(
         urls, scale, "tier-aware", extra=extra, log_dir=logs),
+    "thunder-fixed": lambda urls, scale, logs, extra: start_thunder(
+        urls, scale, "fixed", extra=extra, log_dir=logs, name="thunder-fixed"),
     "thunder-paper": lambda urls, scale, logs, extra: start_thunder(
         urls, scale, "paper", extra=extra, log_dir=logs, name="thunder-paper"),
     "sglang-cache_aware": lambda urls, scale, logs, extra: start_stock(

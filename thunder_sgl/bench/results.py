@@ -18,7 +18,10 @@ cache_aware."""
 DIRECT = "direct"
 """No router: each client talks straight to one engine (the request-level engine)."""
 
-ALL_ROUTERS = (*ROUTERS, DIRECT)
+THUNDER_FIXED = "thunder-fixed"
+"""thunder with the admission fixed at the watermarks and no KV references (the earlier default)."""
+
+ALL_ROUTERS = (ROUTERS[0], THUNDER_FIXED, *ROUTERS[1:], DIRECT)
 """Every router a sweep may name."""
 
 

@@ -47,6 +47,9 @@ def upstream_request(gw: Gateway, inbound: Inbound, t: Ticket, extra_headers: di
     if not isinstance(rid, str) or not rid:
         rid = f"thunder-{_RID_PREFIX}-{next(_rid_seq)}"  # unique per router process; cheaper than uuid4
         body["rid"] = rid
+    sid = gw.controller.session_for(t)
+    if sid is not None and "session_id" not in body and body.get("session_params") is None:
+        body["session_id"] = sid  # the engine keeps this program's KV referenced (kvrefs)
     if inbound.stream and inbound.route != "generate":
         opts = dict(body.get("stream_options") or {})
         opts["include_usage"] = True

@@ -220,6 +220,7 @@ class Gateway:
         if t.backend is not None:
             self.suspect(t.backend, reason)
         self._dispatch(self.controller.failover(t, self.clock()))
+        self.send_closes()
 
     def release(self, pid: str) -> Program:
         p, held = self.controller.release(pid, self.clock())
@@ -232,6 +233,21 @@ class Gateway:
     def _after_release(self, p: Program) -> None:
         for hook in self.on_release:
             self.spawn(hook(p), f"release hook {p.id}")
+        self.send_closes()
+
+    def send_closes(self) -> None:
+        """Drop the KV references the controller let go of (``kvrefs``): ``POST
+        /close_session`` to each worker, in the background (a failed close only leaves KV
+        referenced until the engine needs the room: referenced KV is still evictable)."""
+        for sid, key in self.controller.kvrefs.take_closes():
+            b = self.controller.backends.get(key)
+            if b is not None:
+                self.spawn(self._close(b.worker_url, sid), f"close session {sid}")
+
+    async def _close(self, url: str, sid: str) -> None:
+        r = await self.workers.call(url, "POST", "/close_session", {"session_id": sid}, timeout=5)
+        if not r.ok:
+            log.info("close_session %s on %s: %s", sid, url, r.message)
 
     def _dispatch(self, tickets: list[Ticket]) -> None:
         for t in tickets:
@@ -272,6 +288,7 @@ class Gateway:
                 retry_after=self.cfg.gateway.retry_after_seconds))
         for p in res.released:
             self._after_release(p)
+        self.send_closes()
         if res.window_closed is not None:
             log.error("weight-update window %d closed by the router after %.0fs (windows.max_window_seconds): "
                       "held requests go to the engines as they are", res.window_closed.window.id,

@@ -53,8 +53,14 @@ class BackendLoad:
     limit_hi: float
     limit_lo: float
     hbm_limit: float
+    extra: float = 0.0
+    """Tokens the admission rule allows beyond the watermarks."""
+    fit_limit: float = 0.0
+    """``λ_max·pool``: programs beyond it run without a KV reference (overcommitted)."""
     demand: float = 0.0
     reasoning: float = 0.0
+    tokens: float = 0.0
+    """Σ c of the accounted programs (their mean context is ``tokens / accounted``)."""
     active: int = 0
     """Programs counted now (accounted + placed − removed in this tick)."""
     progs: list[Program] = field(default_factory=list)
@@ -69,12 +75,20 @@ class BackendLoad:
         """The backend's load with the policy's watermarks; ``extra``: tokens the admission
         rule allows beyond both (``admission``)."""
         pool = b.tiers.pool(cfg.tier_aware, cfg.host_weight, cfg.storage_weight)
-        return cls(backend=b, pool=pool, limit_hi=cfg.lambda_max * pool + extra,
-                   limit_lo=cfg.lambda_min * pool + extra, hbm_limit=cfg.hbm_lambda * b.tiers.hbm_tokens)
+        load = cls(backend=b, pool=pool, limit_hi=0.0, limit_lo=0.0, hbm_limit=cfg.hbm_lambda * b.tiers.hbm_tokens)
+        load.set_extra(cfg, extra)
+        return load
+
+    def set_extra(self, cfg: SchedulerConfig, extra: float) -> None:
+        """Watermarks ``λ·pool + extra``; ``fit_limit`` stays ``λ_max·pool`` (what fits)."""
+        self.extra = extra
+        self.fit_limit = cfg.lambda_max * self.pool
+        self.limit_hi = self.fit_limit + extra
+        self.limit_lo = cfg.lambda_min * self.pool + extra
 
     def account(self, progs: list[Program], now: float, tick: float, table: list[float], default_out: float) -> None:
         """Add the backend's active programs to the totals: the hot loop of every tick."""
-        demand = reasoning = 0.0
+        demand = reasoning = tokens = 0.0
         counts, shared = self.key_counts, self.key_shared
         costs, weights = self.costs, self.weights
         for p in progs:
@@ -87,6 +101,7 @@ class BackendLoad:
             costs.append(pc)
             weights.append(w)
             demand += w * pc.private
+            tokens += pc.tokens
             key = pc.prefix_key
             if key:
                 cnt = counts.get(key)
@@ -99,6 +114,7 @@ class BackendLoad:
         self.progs.extend(progs)
         self.demand += demand
         self.reasoning += reasoning
+        self.tokens += tokens
         self.active += len(progs)
 
     def members(self, idle_only: bool = False) -> list[Member]:

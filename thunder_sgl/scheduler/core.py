@@ -8,7 +8,9 @@ No I/O and no clock reads: time and state come in, decisions go out, nothing is 
    global waiting queue.
 2. **Admission level.** Each backend's watermarks are ``λ_max·pool`` and ``λ_min·pool``, plus
    the extra tokens the admission rule allows beyond them (``admission``: 0 for the
-   fixed-threshold policies).
+   fixed-threshold policies). On a backend admitted beyond ``λ_max·pool``, the programs past
+   it in pause order (acting, lowest weight, shortest) are *overcommitted*: their KV is not
+   referenced (``Decisions.unref``), so the engine evicts it before that of the others.
 3. **Pause (thrash check).** On a backend whose demand exceeds its high watermark, pause idle
    programs — acting ones before ones whose request the HBM gate holds — by lowest decayed
    weight, then shortest context (recompute ∝ c², paper Lemma 4.1), until the excess is freed;
@@ -32,7 +34,8 @@ from dataclasses import dataclass, field
 from thunder_sgl.backends.backend import Backend
 from thunder_sgl.config import SchedulerConfig
 from thunder_sgl.programs import Program, ProgramState, ProgramTable
-from thunder_sgl.scheduler import queue
+from thunder_sgl.scheduler import admission, queue
+from thunder_sgl.scheduler.admission import AdmissionState, BackendView
 from thunder_sgl.scheduler.capacity import BackendLoad, Member
 from thunder_sgl.scheduler.cost import decay_weights
 from thunder_sgl.scheduler.placement import Picker, Placement, PreviousThenMostRoom, open_backends, place
@@ -51,6 +54,10 @@ class Decisions:
     """Per backend, demand after the decisions."""
     pool: dict[str, float] = field(default_factory=dict)
     """Per backend, the pool capacity the decisions were made against."""
+    admission: dict[str, AdmissionState] = field(default_factory=dict)
+    """Per backend, the admission rule's new state (its ``extra`` set the watermarks)."""
+    unref: frozenset[str] = frozenset()
+    """Active programs whose KV should not be referenced (overcommitted)."""
 
     @property
     def empty(self) -> bool:
@@ -67,29 +74,63 @@ class ThunderScheduler:
         self._decay = decay_weights(cfg)
 
     def tick(self, now: float, programs: ProgramTable, backends: Sequence[Backend]) -> Decisions:
-        loads = {b.key: BackendLoad.for_backend(b, self.cfg) for b in backends}
-        default_out = float(self.cfg.default_output_tokens)
+        cfg = self.cfg
+        loads = {b.key: BackendLoad.for_backend(b, cfg, _extra(b)) for b in backends}
+        default_out = float(cfg.default_output_tokens)
         for key, load in loads.items():
-            load.account(programs.on_backend(key), now, self.cfg.tick_seconds, self._decay, default_out)
+            load.account(programs.on_backend(key), now, cfg.tick_seconds, self._decay, default_out)
+        levels = self._admission_levels(now, loads, programs.waiting_count > 0)
         pauses = self._orphans(programs, loads)
         for load in loads.values():
             if not load.backend.available(now, self.stale_after):
                 pauses.extend(self._evacuate(load))
             elif load.demand > load.limit_hi + EPS:
                 pauses.extend(self._pause_excess(load))
-        placements, reserved = place(now, programs.waiting(), open_backends(loads, now, self.stale_after, self.cfg),
-                                     self.cfg, self.picker)
+        unref = self._overcommitted(loads.values())
+        placements, reserved = place(now, programs.waiting(), open_backends(loads, now, self.stale_after, cfg),
+                                     cfg, self.picker)
         return Decisions(
             pauses=tuple(pauses),
             placements=tuple(placements),
             reserved_for=reserved,
             demand={k: v.demand for k, v in loads.items()},
             pool={k: v.pool for k, v in loads.items()},
+            admission=levels,
+            unref=unref,
         )
 
     def queue_order(self, now: float, waiting: Iterable[Program]) -> list[Program]:
         """The global queue, best first (exposed for /programs and for prefetching)."""
         return queue.order(waiting, self.cfg)
+
+    # ---- admission level -------------------------------------------------------------------
+    def _admission_levels(self, now: float, loads: dict[str, BackendLoad], waiting: bool) -> dict[str, AdmissionState]:
+        out = {}
+        for key, ld in loads.items():
+            b = ld.backend
+            st = b.admission if isinstance(b.admission, AdmissionState) else None
+            view = BackendView(ld.pool, ld.demand, ld.limit_lo, ld.tokens / ld.active if ld.active else 0.0, waiting)
+            new = admission.update(st, b, view, now, self.cfg)
+            if new.extra != ld.extra:
+                ld.set_extra(self.cfg, new.extra)
+            out[key] = new
+        return out
+
+    @staticmethod
+    def _overcommitted(loads: Iterable[BackendLoad]) -> frozenset[str]:
+        """Programs beyond ``λ_max·pool`` in pause order, on backends admitted past it."""
+        out: set[str] = set()
+        for ld in loads:
+            over = ld.demand - ld.fit_limit
+            if ld.extra <= 0 or over <= EPS:
+                continue
+            freed = 0.0
+            for m in sorted(ld.members(idle_only=True), key=_pause_order):
+                if freed >= over - EPS:
+                    break
+                freed += m.private
+                out.add(m.program.id)
+        return frozenset(out)
 
     # ---- account ---------------------------------------------------------------------------
     @staticmethod
@@ -111,8 +152,7 @@ class ThunderScheduler:
     def _pause_excess(load: BackendLoad) -> list[str]:
         excess = load.demand - load.limit_hi
         cands = load.members(idle_only=True)
-        # Acting programs first (held ones last), lowest decayed weight, then shortest context.
-        cands.sort(key=lambda m: (m.program.held > 0, m.weight, m.cost.tokens, m.program.id))
+        cands.sort(key=_pause_order)
         chosen: list[Member] = []
         freed = 0.0
         for m in cands:
@@ -132,6 +172,16 @@ class ThunderScheduler:
             else:
                 kept.append(m)
         return [m.program.id for m in reversed(kept)]
+
+
+def _pause_order(m: Member) -> tuple[bool, float, int, str]:
+    """Acting programs first (held ones last), lowest decayed weight, then shortest context."""
+    return (m.program.held > 0, m.weight, m.cost.tokens, m.program.id)
+
+
+def _extra(b: Backend) -> float:
+    st = b.admission
+    return st.extra if isinstance(st, AdmissionState) else 0.0
 
 
 def apply(decisions: Decisions, programs: ProgramTable, now: float) -> tuple[list[Program], list[Program]]:

@@ -6,8 +6,8 @@ A program policy is an entry of ``POLICIES``: a scheduler class (anything with t
 
 - ``thunder``: the full policy — tier-aware pool, HBM gate, and the admission level chosen
   from the engine's measured costs (``admission``).
-- ``thunder-fixed``: the same with the admission level fixed at the watermarks (the default
-  before the cost-based rule; kept for comparison).
+- ``thunder-fixed``: the same with the admission level fixed at the watermarks and no KV
+  references (the default before the cost-based rule; kept for comparison).
 - ``thunder-paper``: the method as the ThunderAgent paper describes it: pool = HBM only, no
   HBM gate, λ_max = λ_min = 1, fixed admission.
 """
@@ -52,8 +52,9 @@ class PolicyEntry:
 POLICIES: dict[str, PolicyEntry] = {
     "thunder": PolicyEntry(ThunderScheduler, lambda cfg: cfg,
                            "tier-aware pool, HBM gate, admission level from measured engine costs"),
-    "thunder-fixed": PolicyEntry(ThunderScheduler, lambda cfg: dataclasses.replace(cfg, admission="fixed"),
-                                 "thunder with the admission level fixed at the watermarks"),
+    "thunder-fixed": PolicyEntry(
+        ThunderScheduler, lambda cfg: dataclasses.replace(cfg, admission="fixed", session_refs=False),
+        "thunder with the admission level fixed at the watermarks and no KV references (the earlier default)"),
     "thunder-paper": PolicyEntry(
         ThunderScheduler,
         lambda cfg: dataclasses.replace(cfg, tier_aware=False, lambda_max=1.0, lambda_min=1.0, admission="fixed",

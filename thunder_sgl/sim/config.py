@@ -137,6 +137,11 @@ class TimingSpec:
 
         decode iteration = decode_fixed_s + decode_per_request_s·B + decode_per_kv_token_s·K
         prefill          = prefill_fixed_s + prefill_per_token_s·n + prefill_per_attention_s·(n·c + n²/2)
+                           + prefill_per_sequence_attention_s·(c + n)²/2
+
+    The last term is SGLang's ``torch_native`` attention backend (the CPU path): it runs a
+    prefill chunk as one causal attention over the whole sequence, cached prefix included, so a
+    prefix hit saves the linear layers but not the attention.
     """
 
     kind: str = "roofline"
@@ -178,13 +183,17 @@ class TimingSpec:
     prefill_per_attention_s: float = 0.0
     """fitted: seconds per unit of n·c + n²/2 (attention to the prefix and within the chunk)."""
 
+    prefill_per_sequence_attention_s: float = 0.0
+    """fitted: seconds per unit of (c + n)²/2 (attention over the whole sequence, torch_native)."""
+
     def __post_init__(self) -> None:
         _check(self.kind in ("roofline", "fitted"), "timing.kind must be roofline or fitted")
         fitted = (self.decode_fixed_s, self.decode_per_request_s, self.decode_per_kv_token_s,
-                  self.prefill_fixed_s, self.prefill_per_token_s, self.prefill_per_attention_s)
+                  self.prefill_fixed_s, self.prefill_per_token_s, self.prefill_per_attention_s,
+                  self.prefill_per_sequence_attention_s)
         _check(all(x >= 0 for x in fitted), "fitted timing coefficients must be >= 0")
         _check(self.kind != "fitted" or (self.decode_fixed_s + self.decode_per_request_s > 0
-                                         and self.prefill_per_token_s > 0),
+                                         and self.prefill_per_token_s + self.prefill_per_sequence_attention_s > 0),
                "timing.kind fitted needs a decode cost and prefill_per_token_s")
         _check(0 < self.eta <= 1 and 0 < self.mfu <= 1, "timing.eta and timing.mfu must be in (0, 1]")
         _check(self.t0_s >= 0 and self.allreduce_s >= 0, "timing overheads must be >= 0")

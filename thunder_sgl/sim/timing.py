@@ -10,7 +10,8 @@ Pure functions over a ``Roofline`` (constants precomputed from a SimConfig)::
     t_load       = tokens·b_kv / BW_h2d   (+ tokens·b_kv / BW_storage for L3 hits)
 
 A fitted config gives the same shapes directly in seconds: the decode iteration
-``d0 + d_req·B + d_kv·K`` and the prefill ``p0 + p_tok·n + p_attn·(n·c + n²/2)``; the roofline is
+``d0 + d_req·B + d_kv·K`` and the prefill ``p0 + p_tok·n + p_attn·(n·c + n²/2)``, plus, for
+SGLang's ``torch_native`` backend, ``p_seq·(c + n)²/2`` (attention over the whole sequence); the roofline is
 the case ``d_req = 0``, ``d_kv = b_kv/(η·BW)``, ``p_tok = 2·P_act/(MFU·F·TP)``, ``p_attn = 4·L·n_q·d_h/(MFU·F·TP)``.
 
 All bytes are per GPU: every GPU of the TP group reads its shard in parallel. A decode span of n
@@ -53,6 +54,9 @@ class Roofline:
     """Seconds per unit of n·c + n²/2 in prefill (4·L·n_q·d_h / (MFU·F·TP))."""
     prefill_fixed: float
     """Seconds added to an iteration that prefills (0 in the roofline)."""
+    seq_attn_cost: float
+    """Seconds per unit of (c + n)²/2: attention over the whole sequence (torch_native; 0 in
+    the roofline)."""
     h2d_bw: float
     storage_bw: float
     load_overlap: float
@@ -65,6 +69,7 @@ class Roofline:
                        keep=0.0, kv_bytes=cfg.kv_bytes_per_token, kv_cost=t.decode_per_kv_token_s,
                        per_request=t.decode_per_request_s, token_cost=t.prefill_per_token_s,
                        attn_cost=t.prefill_per_attention_s, prefill_fixed=t.prefill_fixed_s,
+                       seq_attn_cost=t.prefill_per_sequence_attention_s,
                        h2d_bw=hw.host_to_device_gbps * GB, storage_bw=hw.storage_to_host_gbps * GB,
                        load_overlap=t.load_back_overlap)
         tp = s.tp_size
@@ -86,6 +91,7 @@ class Roofline:
             token_cost=2.0 * m.params_active_b * 1e9 * inv_flops,
             attn_cost=4.0 * m.num_layers * m.num_attention_heads * m.head_dim * inv_flops,
             prefill_fixed=0.0,
+            seq_attn_cost=0.0,
             h2d_bw=hw.host_to_device_gbps * GB,
             storage_bw=hw.storage_to_host_gbps * GB,
             load_overlap=t.load_back_overlap,
@@ -137,7 +143,11 @@ def prefill_seconds(r: Roofline, new_tokens: int, prefix: int) -> float:
     if new_tokens <= 0:
         return 0.0
     n = float(new_tokens)
-    return r.token_cost * n + r.attn_cost * (n * prefix + n * n / 2.0)
+    t = r.token_cost * n + r.attn_cost * (n * prefix + n * n / 2.0)
+    if r.seq_attn_cost:
+        s = n + prefix
+        t += r.seq_attn_cost * s * s / 2.0
+    return t
 
 
 def h2d_seconds(r: Roofline, tokens: int) -> float:
