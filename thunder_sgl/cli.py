@@ -86,6 +86,7 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
                         "real: real SGLang CPU engines (thunder-sgl engine prepare)")
     p.add_argument("--model", default=d.model, help="real mode: model size of the engines")
     p.add_argument("--max-total-tokens", type=int, default=d.max_total_tokens, help="real mode: KV pool of each engine")
+    p.add_argument("--engine-threads", type=int, default=None, help="real mode: torch threads of each engine (default: all cores)")
     p.add_argument("--name", default="", help="results directory name (default: <profile>-<cluster>-<nodes>n-<mode>)")
     p.add_argument("--out", type=Path, default=d.out, help="parent of the results directory")
     p.add_argument("--sample-every", type=float, default=d.sample_every_s, help="per-node memory sampling, simulated seconds")
@@ -119,7 +120,7 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
                          warmup_s=args.warmup, time_scale=args.time_scale, seed=args.seed,
                          mode=args.mode, name=args.name, out=args.out, sample_every_s=args.sample_every,
                          router_args=router_args, model=args.model,  # type: ignore[arg-type]
-                         max_total_tokens=args.max_total_tokens)
+                         max_total_tokens=args.max_total_tokens, engine_threads=args.engine_threads)
     except ValueError as e:
         print(f"thunder-sgl bench: {e}", file=sys.stderr)
         return 2

@@ -172,13 +172,14 @@ def fit_decode(rows: list[dict[str, float]]) -> dict[str, float]:
             "max_rel_error": float(np.max(np.abs(pred - y) / y)), "median_rel_error": float(np.median(np.abs(pred - y) / y))}
 
 
-def sim_config(model: str, info: dict[str, Any], pre: dict[str, float], dec: dict[str, float], out: Path) -> str:
+def sim_config(model: str, info: dict[str, Any], pre: dict[str, float], dec: dict[str, float], out: Path,
+               name: str = "") -> str:
     size = MODEL_SIZES[model]
     return f"""# A real SGLang 0.5.23 CPU server (2 cores) serving the random-weight GPT-2 model "{model}"
 # ({size.width} wide x {size.layers} layers), calibrated by bench/real/calibrate.py — every timing
 # constant below is a least-squares fit to the engine's own accounting; the measurements and the
 # fit quality are in {out.relative_to(ROOT)}/. Server numbers are the engine's /server_info.
-name: sglang-cpu-gpt2-{model}
+name: sglang-cpu-gpt2-{name or model}
 model:
   model_path: {info.get("model_path") or f"gpt2-{model}-s0"}
   architectures: [GPT2LMHeadModel]
@@ -213,7 +214,7 @@ server:
 
 
 async def run(args: argparse.Namespace) -> None:
-    out = ROOT / "bench" / "results" / f"calibration-cpu-{args.model}"
+    out = ROOT / "bench" / "results" / f"calibration-cpu-{args.name or args.model}"
     if args.refit:
         saved = json.loads((out / "measurements.json").read_text())
         write(args, out, saved["server_info"], saved["prefill"], saved["decode"])
@@ -223,7 +224,8 @@ async def run(args: argparse.Namespace) -> None:
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     out.mkdir(parents=True, exist_ok=True)
     (out / "command.txt").write_text("python bench/real/calibrate.py " + " ".join(map(shlex.quote, sys.argv[1:])) + "\n")
-    with start_engines(1, EngineOptions(model=model_dir, max_total_tokens=args.max_total_tokens)) as cluster:
+    with start_engines(1, EngineOptions(model=model_dir, max_total_tokens=args.max_total_tokens,
+                                        threads=args.threads)) as cluster:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900)) as http:
             e = Engine(cluster.urls[0], http, vocab, random.Random(args.seed))
             async with http.get(e.url + "/server_info") as r:
@@ -275,8 +277,8 @@ def write(args: argparse.Namespace, out: Path, info: dict[str, Any], prefill: li
         fitted = dec["d0_s"] + dec["per_request_s"] * r["mean_batch"] + dec["per_kv_token_s"] * r["kv_tokens"]
         lines.append(f"| {r['batch']} | {r['context']} | {r['kv_tokens']:.0f} | {1e3 * r['seconds_per_iteration']:.1f} | {1e3 * fitted:.1f} |")
     (out / "fit.md").write_text("\n".join(lines) + "\n")
-    cfg = ROOT / "thunder_sgl" / "configs" / "sim" / f"sglang-cpu-gpt2-{args.model}.yaml"
-    cfg.write_text(sim_config(args.model, info, pre, dec, out))
+    cfg = ROOT / "thunder_sgl" / "configs" / "sim" / f"sglang-cpu-gpt2-{args.name or args.model}.yaml"
+    cfg.write_text(sim_config(args.model, info, pre, dec, out, args.name))
     print(f"wrote {out}/fit.md and {cfg}")
 
 
@@ -287,6 +289,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--refit", action="store_true", help="fit again from the saved measurements.json (no engine)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads of the server (default: all cores)")
+    ap.add_argument("--name", default="", help="results directory suffix (default: the model)")
     asyncio.run(run(ap.parse_args()))
 
 

@@ -284,11 +284,12 @@ class DesRun:
 
     def _engine_totals(self, t: float) -> dict[str, float]:
         tot = {"t": t, "busy": 0.0, "retractions": 0.0, "prefill": 0.0, "evicted": 0.0, "load_back": 0.0,
-               "decode_steps": 0.0, "generated": 0.0}
+               "decode_steps": 0.0, "generated": 0.0, "prefill_busy": 0.0}
         for i in range(self.nodes):
             w = self.read(i, t)
             c = w.counters
             tot["busy"] += c.busy_seconds
+            tot["prefill_busy"] += c.prefill_busy_seconds
             tot["load_back"] += c.load_back_seconds
             tot["decode_steps"] += c.decode_steps
             tot["generated"] += c.generation_tokens
@@ -310,6 +311,7 @@ class DesRun:
         steps = max(1, self.window_steps)
         return {
             "gpu_busy": (end["busy"] - w["busy"]) / (ranks * span),
+            "prefill_busy": (end["prefill_busy"] - w["prefill_busy"]) / (ranks * span),
             "retractions": end["retractions"] - w["retractions"],
             "prefill_per_step": (end["prefill"] - w["prefill"]) / steps,
             "evicted_per_step": (end["evicted"] - w["evicted"]) / steps,
@@ -371,11 +373,13 @@ class DesRun:
         prof = self.profile
         notes = (f"kv_imbalance_mean={s['kv_imbalance_mean']:.3f} held_requests={s['held_requests']} "
                  f"started={self.counts['started']} ")
-        notes += " ".join(f"{k}={v:.3g}" for k, v in self.where_time_goes().items())
+        where = self.where_time_goes()
+        notes += " ".join(f"{k}={v:.3g}" for k, v in where.items())
         policy = getattr(self.router, "policy", None)
         if policy is not None and hasattr(policy, "decisions"):
             notes += " " + " ".join(f"{k}={v}" for k, v in policy.decisions.items())
         return RunResult(
+            engine_busy=where.get("gpu_busy", 0.0),
             router=self.router_name, mode="des", programs=self.programs, nodes=self.nodes, cluster=self.cfg.name,
             profile=prof.name, seed=self.seed, window_s=self.rec.duration,
             steps_per_min=s["steps_per_min"], kv_hit_rate=s["kv_hit_rate"], prompt_tokens=int(s["prompt_tokens"]),

@@ -88,6 +88,8 @@ class BenchSpec:
     """Real mode: the engines' model size (``thunder-sgl engine prepare --model``)."""
     max_total_tokens: int = 24576
     """Real mode: KV pool of each engine in tokens."""
+    engine_threads: int | None = None
+    """Real mode: torch threads of each engine (None: all cores)."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -201,7 +203,8 @@ class _HttpRunner:
         if spec.mode == "real":
             from thunder_sgl.bench.harness_real import RealCluster
 
-            self.cluster = RealCluster(spec.nodes, spec.model, spec.max_total_tokens, self.tmp)
+            self.cluster = RealCluster(spec.nodes, spec.model, spec.max_total_tokens, self.tmp,
+                                       threads=spec.engine_threads)
         else:
             self.cluster = HttpCluster(spec.cluster, spec.nodes, spec.time_scale, spec.seed, self.tmp)
 

@@ -33,6 +33,7 @@ import psutil
 from thunder_sgl.bench.driver import run_workload
 from thunder_sgl.bench.harness_measures import (
     Histogram,
+    engine_breakdown,
     engine_busy,
     imbalance,
     overhead_per_request,
@@ -305,6 +306,7 @@ def _fill(r: RunResult, plan: RunPlan, work: WorkloadResult, warm: _Scrape, end:
     r.recompute_tokens = recompute_tokens(work.steps, work.warmup_s, work.wall_s)
     r.node_imbalance_mean, r.node_imbalance_max = imbalance(samples, plan.warmup_s)
     r.engine_busy = engine_busy(warm.loads, end.loads, (end.wall - warm.wall) * scale)
+    eb = engine_breakdown(warm.loads, end.loads)
     step = max(1, len(samples) // MAX_MEMORY_SAMPLES)
     r.memory = [(round(t, 2), [round(x, 4) for x in v]) for t, v in samples[::step]]
     notes: list[str] = []
@@ -317,6 +319,11 @@ def _fill(r: RunResult, plan: RunPlan, work: WorkloadResult, warm: _Scrape, end:
         counts = {k: parse_counter(end.router, f"thunder_{k}") - parse_counter(warm.router, f"thunder_{k}")
                   for k in ("pauses", "restores", "migrations", "held")}
         notes.append(", ".join(f"{k} {v:.0f}" for k, v in counts.items()))
+    if eb["prefill_s"] or eb["decode_s"]:
+        it = eb["decode_iterations"]
+        notes.append(f"engines: prefill {eb['prefill_s']:.1f} s for {eb['prefill_tokens'] / 1e3:.0f} K tokens, decode "
+                     f"{eb['decode_s']:.1f} s over {it:.0f} iterations ({1e3 * eb['decode_s'] / it if it else 0:.1f} ms, "
+                     f"mean batch {eb['decode_batch_sum'] / it if it else 0:.1f})")
     diag: dict[str, Any] = {"outside_share": 0.0, "lag_p99_s": 0.0, "cpu": {}}
     engine = _engine_delta(warm, end)
     calls = [x for x in work.steps if x.ok and work.warmup_s <= x.end_s <= work.wall_s]

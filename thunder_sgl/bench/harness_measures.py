@@ -69,6 +69,28 @@ def engine_busy(before: Sequence[Sequence[dict[str, Any]] | None], after: Sequen
     return sum(shares) / len(shares) if shares else 0.0
 
 
+def engine_breakdown(before: Sequence[Sequence[dict[str, Any]] | None],
+                     after: Sequence[Sequence[dict[str, Any]] | None]) -> dict[str, float]:
+    """Σ over engine ranks of what their own counters say happened between two readings:
+    prefill seconds and tokens, decode seconds, iterations, Σ batch sizes, tokens generated."""
+    from thunder_sgl.backends.parse import DecodeMoments
+
+    out = {"prefill_s": 0.0, "prefill_tokens": 0.0, "decode_s": 0.0, "decode_iterations": 0.0,
+           "decode_batch_sum": 0.0, "generated": 0.0}
+    for b, a in zip(before, after, strict=False):
+        for eb, ea in zip(b or (), a or (), strict=False):
+            out["prefill_s"] += (float(ea.get("total_prefill_busy_us") or 0) - float(eb.get("total_prefill_busy_us") or 0)) / 1e6
+            out["prefill_tokens"] += float(ea.get("total_prefill_uncached_tokens") or 0) - float(eb.get("total_prefill_uncached_tokens") or 0)
+            da, db = DecodeMoments.parse(ea.get("decode_moments")), DecodeMoments.parse(eb.get("decode_moments"))
+            if da is not None:
+                d = da - db if db is not None else da
+                out["decode_s"] += d.busy_s
+                out["decode_iterations"] += d.n
+                out["decode_batch_sum"] += d.sum_b
+                out["generated"] += d.generated
+    return out
+
+
 _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 _LE = re.compile(r'le="([^"]+)"')
 

@@ -21,6 +21,7 @@ class RealCluster:
     max_total_tokens: int
     log_dir: Path
     seed: int = 0
+    threads: int | None = None
     cluster: EngineCluster | None = None
 
     def ensure(self) -> EngineCluster:
@@ -28,7 +29,8 @@ class RealCluster:
             if self.cluster is not None:
                 self.cluster.stop()
             env = EngineEnv.locate()
-            opts = EngineOptions(model=env.model(self.model, self.seed), max_total_tokens=self.max_total_tokens)
+            opts = EngineOptions(model=env.model(self.model, self.seed), max_total_tokens=self.max_total_tokens,
+                                 threads=self.threads)
             self.cluster = start_engines(self.nodes, opts, env, self.log_dir / "engines")
         return self.cluster
 
