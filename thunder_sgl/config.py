@@ -20,6 +20,8 @@ import yaml
 from thunder_sgl.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+MIN_POLL_SECONDS = 0.1
+"""The monitor's poll period is scaled with the time scale down to this (wall seconds)."""
 
 
 @dataclass(frozen=True)
@@ -184,8 +186,12 @@ class MonitorConfig:
         _check(self.request_timeout_seconds > 0, "monitor.request_timeout_seconds must be > 0")
         _check(self.failure_threshold >= 1 and self.success_threshold >= 1, "monitor thresholds must be >= 1")
 
-    # Monitor periods are real network timings, not engine time: they are not scaled.
-    _TIME_FIELDS = ()
+    # The poll period is scaled: what matters is how fresh the readings are relative to the
+    # engine's own dynamics, so a worker whose clock runs S× faster is read S× as often (a 1 s
+    # period in front of a simulation at ×8 would be 8 s of engine time, and the HTTP benchmark
+    # would schedule on older readings than a real cluster or the DES does). Timeouts and the
+    # staleness limit are network timings: not scaled.
+    _TIME_FIELDS = ("poll_interval_seconds",)
 
 
 @dataclass(frozen=True)
@@ -368,6 +374,9 @@ class RouterConfig:
             parts[name] = dataclasses.replace(
                 part, **{f: getattr(part, f) / time_scale for f in part._TIME_FIELDS}
             )
+        mon = parts["monitor"]
+        if mon.poll_interval_seconds < MIN_POLL_SECONDS:  # a floor: polls cost the workers too
+            parts["monitor"] = dataclasses.replace(mon, poll_interval_seconds=min(MIN_POLL_SECONDS, self.monitor.poll_interval_seconds))
         return dataclasses.replace(self, time_scale=self.time_scale * time_scale, **parts)
 
     def with_overrides(self, dotted: dict[str, Any]) -> RouterConfig:

@@ -57,8 +57,12 @@ def test_time_scale_divides_policy_time_constants_only():
     assert cfg.gateway.held_timeout_seconds == pytest.approx(1800.0 / 50)
     # Not time constants of the policy: unchanged.
     assert cfg.scheduler.decay_base == 2.0
-    assert cfg.monitor.poll_interval_seconds == 1.0
     assert cfg.sandboxes.exec_timeout_seconds == 60.0
+    assert cfg.monitor.request_timeout_seconds == 2.0 and cfg.monitor.stale_after_seconds == 10.0
+    # The poll period follows the engines' clock (readings as fresh as on a real cluster), down
+    # to a floor of 0.1 s.
+    assert cfg.monitor.poll_interval_seconds == pytest.approx(0.1)
+    assert RouterConfig().scaled(8.0).monitor.poll_interval_seconds == pytest.approx(0.125)
 
 
 def test_overrides_are_validated():
