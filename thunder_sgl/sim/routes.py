@@ -67,7 +67,7 @@ async def _stream(request: web.Request, srv: SimServer, p: P.Parsed, pend: Pendi
     w, cfg = srv.worker, srv.worker.cfg
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await resp.prepare(request)
-    die = w.faults.take_die_mid_stream()
+    die = w.faults.take_die_mid_stream(len(pend.answer))
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     tb = Tokenizer.token_bytes
     sent = 0
