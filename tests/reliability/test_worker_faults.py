@@ -88,10 +88,10 @@ def test_a_stream_dropped_before_its_first_token_is_retried_transparently_on_its
     assert all(w["is_healthy"] for w in workers(r.url).values())
 
 
-async def _streams(url: str, clients: int, per_client: int) -> list[tuple[float, list[bytes]]]:
-    """``clients`` programs, each sending ``per_client`` streamed steps one after the other:
-    (seconds, SSE data payloads) per stream."""
-    out: list[tuple[float, list[bytes]]] = []
+async def _streams(url: str, clients: int, per_client: int) -> list[tuple[float, bool, list[bytes]]]:
+    """``clients`` programs, each sending ``per_client`` streamed steps one after the other
+    (every other one asks for the usage chunk): (seconds, usage asked, SSE data) per stream."""
+    out: list[tuple[float, bool, list[bytes]]] = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
 
         async def program(i: int) -> None:
@@ -104,7 +104,7 @@ async def _streams(url: str, clients: int, per_client: int) -> list[tuple[float,
                 async with http.post(url + "/v1/chat/completions", json=body) as resp:
                     assert resp.status == 200
                     raw = await resp.read()
-                out.append((time.monotonic() - t0, [e[6:] for e in raw.split(b"\n\n") if e.startswith(b"data: ")]))
+                out.append((time.monotonic() - t0, bool(j % 2), [e[6:] for e in raw.split(b"\n\n") if e.startswith(b"data: ")]))
 
         await asyncio.gather(*(program(i) for i in range(clients)))
     return out
@@ -119,7 +119,7 @@ def test_streams_a_worker_breaks_under_concurrency_end_promptly_and_leave_no_pro
     faults(sim.url, break_streams_rate=0.3)
     results = asyncio.run(_streams(r.url, clients=32, per_client=6))
     complete = failed = 0
-    for secs, events in results:
+    for secs, usage_asked, events in results:
         assert secs < 2.0, f"a stream took {secs:.1f}s"
         assert events[-1] == b"[DONE]" and events.count(b"[DONE]") == 1
         objs = [orjson.loads(e) for e in events[:-1]]            # every event is whole JSON
@@ -128,7 +128,9 @@ def test_streams_a_worker_breaks_under_concurrency_end_promptly_and_leave_no_pro
             content = objs[:-1]
             failed += 1
         else:
-            assert objs[-1]["choices"] == [] or objs[-1]["choices"][0]["finish_reason"] == "length"
+            usage = [o for o in objs if "usage" in o]                # hidden unless asked
+            assert len(usage) == usage_asked and (not usage or usage[0]["usage"]["completion_tokens"] == 8)
+            assert objs[-1 - usage_asked]["choices"][0]["finish_reason"] == "length"
             content = [o for o in objs if o["choices"] and o["choices"][0]["finish_reason"] is None]
             assert len(content) == 8
             complete += 1

@@ -24,13 +24,14 @@ from typing import Any
 
 import aiohttp
 import orjson
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from thunder_sgl.backends.backend import Backend
 from thunder_sgl.controller import Ticket
 from thunder_sgl.errors import ThunderError, UpstreamError
 from thunder_sgl.gateway.inbound import Inbound
 from thunder_sgl.gateway.runtime import Gateway
+from thunder_sgl.gateway.sse import Last, SSEResponse
 from thunder_sgl.gateway.usage import SSETap, usage_from_body
 
 log = logging.getLogger("thunder_sgl.proxy")
@@ -79,10 +80,7 @@ async def forward(
     timeout = aiohttp.ClientTimeout(total=gw.cfg.gateway.upstream_timeout_seconds, sock_connect=5)
     resp = await _open(gw, t, path, payload, headers, timeout, disconnected)
     if inbound.stream and resp.status == 200:
-        return StreamingResponse(
-            _relay(gw, inbound, t, resp, path, payload, headers, timeout, rid),
-            media_type="text/event-stream", headers=SSE_HEADERS,
-        )
+        return SSEResponse(_relay(gw, inbound, t, resp, path, payload, headers, timeout, rid), SSE_HEADERS)
     return await _complete(gw, inbound, t, resp, rid, disconnected)
 
 
@@ -191,23 +189,29 @@ async def _relay(gw: Gateway, inbound: Inbound, t: Ticket, resp: aiohttp.ClientR
     try:
         for attempt in itertools.count(1):
             try:
+                held = b""  # the chunk that holds [DONE] waits for the end of the body, to go out as Last
                 async for chunk in resp.content.iter_any():
                     out = tap.feed(chunk)
                     if out:
                         sent = True
-                        yield out
-                tail = tap.flush()
-                if tail:
-                    yield tail
+                        if tap.done:
+                            held += out
+                        else:
+                            yield out
                 ok = True
+                yield Last(held + tap.flush())
                 break
             except (TimeoutError, aiohttp.ClientError) as e:
                 gw.metrics.upstream_errors.labels("stream").inc()
                 resp.close()
+                if tap.done:  # broken after [DONE]: the answer is whole
+                    ok = True
+                    yield Last(held + tap.flush())
+                    break
                 reason = f"{type(e).__name__}: {e}"
                 if sent or attempt > retries:
-                    yield _sse_error({"error": {"message": f"worker failed mid-stream: {reason}",
-                                                "type": "upstream_error", "code": 502, "param": None}})
+                    yield Last(held + _sse_error({"error": {"message": f"worker failed mid-stream: {reason}",
+                                                            "type": "upstream_error", "code": 502, "param": None}}))
                     break
             log.warning("retrying the stream of %s: the worker broke it before its first event (%s)",
                         t.program_id or "a stateless request", reason)
@@ -219,12 +223,12 @@ async def _relay(gw: Gateway, inbound: Inbound, t: Ticket, resp: aiohttp.ClientR
             try:
                 resp = await _open(gw, t, path, payload, headers, timeout, None)
             except ThunderError as e:
-                yield _sse_error(e.body())
+                yield Last(_sse_error(e.body()))
                 break
             if resp.status != 200:
                 body = await resp.read()
                 resp.release()
-                yield _sse_error(orjson.loads(openai_shaped(body, resp.status)))
+                yield Last(_sse_error(orjson.loads(openai_shaped(body, resp.status))))
                 break
             live = True
     finally:
