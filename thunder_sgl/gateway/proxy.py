@@ -78,10 +78,12 @@ async def forward(
     payload, headers, rid = upstream_request(gw, inbound, t, extra_headers)
     path = UPSTREAM_PATHS[inbound.route]
     timeout = aiohttp.ClientTimeout(total=gw.cfg.gateway.upstream_timeout_seconds, sock_connect=5)
+    if not inbound.stream:
+        return await _complete(gw, inbound, t, rid, disconnected, _open(gw, t, path, payload, headers, timeout, disconnected))
     resp = await _open(gw, t, path, payload, headers, timeout, disconnected)
-    if inbound.stream and resp.status == 200:
+    if resp.status == 200:
         return SSEResponse(_relay(gw, inbound, t, resp, path, payload, headers, timeout, rid), SSE_HEADERS)
-    return await _complete(gw, inbound, t, resp, rid, disconnected)
+    return await _complete(gw, inbound, t, rid, disconnected, _opened(resp))
 
 
 async def _open(gw: Gateway, t: Ticket, path: str, payload: bytes, headers: dict[str, str],
@@ -106,10 +108,17 @@ async def _open(gw: Gateway, t: Ticket, path: str, payload: bytes, headers: dict
     raise AssertionError("unreachable")
 
 
-async def _complete(gw: Gateway, inbound: Inbound, t: Ticket, resp: aiohttp.ClientResponse, rid: str,
-                    disconnected: Callable[[], Awaitable[Any]]) -> Response:
-    # Watch for the client leaving while the worker generates: then cancel the read and abort
-    # upstream. One watcher task per request, no extra task for the read itself.
+async def _opened(resp: aiohttp.ClientResponse) -> aiohttp.ClientResponse:
+    return resp
+
+
+async def _complete(gw: Gateway, inbound: Inbound, t: Ticket, rid: str, disconnected: Callable[[], Awaitable[Any]],
+                    opening: Awaitable[aiohttp.ClientResponse]) -> Response:
+    """A whole answer: ``opening`` (the POST, failovers included) and the read of the body run
+    while one watcher task waits for the client to leave; then both are cancelled and the
+    upstream request aborted. The watch starts before the POST: a worker sends the headers of
+    a non-stream answer with its body, as SGLang does, so a watch begun at the headers would
+    miss a client that left during the generation."""
     me = asyncio.current_task()
     gone = asyncio.ensure_future(disconnected())
 
@@ -118,13 +127,16 @@ async def _complete(gw: Gateway, inbound: Inbound, t: Ticket, resp: aiohttp.Clie
             me.cancel()
 
     gone.add_done_callback(on_gone)
+    resp: aiohttp.ClientResponse | None = None
     try:
+        resp = await opening
         data = await resp.read()
     except asyncio.CancelledError:
         if gone.done() and not gone.cancelled():
             if me is not None:
                 me.uncancel()
-            resp.close()
+            if resp is not None:
+                resp.close()
             gw.spawn(abort(gw, t.backend, rid), f"abort {rid}")
             gw.finish(t, None)
         raise
@@ -135,7 +147,8 @@ async def _complete(gw: Gateway, inbound: Inbound, t: Ticket, resp: aiohttp.Clie
     finally:
         gone.remove_done_callback(on_gone)
         gone.cancel()
-        resp.release()
+        if resp is not None:
+            resp.release()
     status = resp.status
     if status != 200:
         gw.finish(t, None)
