@@ -12,8 +12,10 @@ simulated work) is reached directly and through: the thunder gateway, stock sgla
 - one stream at a time on a reused connection (c = 1): per-stream latency, which exposes
   Nagle/delayed-ACK stalls (sglang_router 0.3.2 adds ~40 ms there, sglang-surface §3.8);
 
-and the router process's CPU seconds. Every request of the thunder runs carries a program id
-(one program per client slot, as agents do), so the policy's bookkeeping is in the path.
+and the router process's CPU seconds. An error is a request that failed, answered a status
+other than 200, or (streams) ended without ``data: [DONE]`` or with an SSE error event. Every
+request of the thunder runs carries a program id (one program per client slot, as agents
+do), so the policy's bookkeeping is in the path. The command line goes to ``command.txt``.
 Client, worker and router share this machine's cores: ratios are the result, not absolutes.
 """
 
@@ -59,15 +61,20 @@ def pct(xs: list[float], q: float) -> float:
 
 
 async def one(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str], stream: bool) -> float:
+    """Seconds for one request; raises (an error) on a status other than 200 and on a stream
+    that is cut short or carries an SSE error event."""
     t = time.perf_counter()
     async with session.post(url, data=body, headers=headers) as r:
         if stream:
-            async for _ in r.content.iter_any():
-                pass
+            chunks = [c async for c in r.content.iter_any()]
         else:
             await r.read()
         if r.status != 200:
             raise RuntimeError(f"status {r.status}")
+    if stream:
+        data = b"".join(chunks)
+        if not data.endswith(b"data: [DONE]\n\n") or b'data: {"error"' in data:
+            raise RuntimeError("broken stream")
     return time.perf_counter() - t
 
 
@@ -226,10 +233,14 @@ def write(rows: list[Row], out: Path, args: argparse.Namespace) -> None:
         lines.append(f"| {r.target} | {r.mode} | {r.rps:.0f} | {r.p50_ms:.1f} | {r.p99_ms:.1f} | {f(r.added_p50_ms)} | "
                      f"{f(r.added_p99_ms)} | {f(r.router_cpu_s)} | {r.errors} |")
     by = {(r.target, r.mode): r for r in rows}
-    mode = f"chat c={args.concurrency}"
+    mode, smode = f"chat c={args.concurrency}", f"chat-stream-8 c={args.concurrency}"
     if ("thunder", mode) in by and ("smg", mode) in by:
         lines += ["", f"thunder / smg requests/s (chat, closed loop): {by[('thunder', mode)].rps / by[('smg', mode)].rps:.2f}"]
+    if ("thunder", smode) in by and ("smg", smode) in by:
+        th, sm = by[("thunder", smode)], by[("smg", smode)]
+        lines += [f"thunder / smg (chat-stream-8, closed loop): requests/s {th.rps / sm.rps:.2f}, p99 {th.p99_ms / sm.p99_ms:.2f}"]
     (out / "overhead.md").write_text("\n".join(lines) + "\n")
+    (out / "command.txt").write_text(lines[0].removeprefix("Command: `").removesuffix("`") + "\n")
     print("\n".join(lines))
 
 
