@@ -9,6 +9,7 @@ ones removed). With ``thunder`` this process serves the thunder gateway.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import socket
@@ -154,6 +155,11 @@ def serve(args: argparse.Namespace, argv: Sequence[str]) -> None:
                             # longer than clients keep idle pooled connections (aiohttp 15 s, httpx 5 s),
                             # so a reused connection is not closed under a request in flight
                             timeout_keep_alive=75)
+    # What is built by now (modules, app, routes, config) lives as long as the process. Left to
+    # the collector, every full collection walked it all: ~45 ms pauses of the event loop, the
+    # data plane's p99 under load (issue 15); frozen out of the collector, ~7 ms.
+    gc.collect()
+    gc.freeze()
     uvicorn.Server(config).run(sockets=[sock])
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
+import aiohttp
 import httpx
 import orjson
 import pytest
@@ -66,7 +68,9 @@ def test_worker_dying_mid_stream_gives_a_clear_error_and_its_programs_continue_e
     assert httpx.get(r.url + "/programs").json()["count"] == len(pids)   # none lost
 
 
-def test_a_stream_dropped_before_its_first_token_is_retried_transparently(two):
+def test_a_stream_dropped_before_its_first_token_is_retried_transparently_on_its_worker(two):
+    """The worker answered, so it is reachable: the retry goes to it again (where the program's
+    KV is), under a fresh rid, and it stays healthy."""
     a, b, r = two
     assert chat(r.url, "p", "hello " * 30).status_code == 200
     home = httpx.get(f"{r.url}/programs/p").json()["backend"]
@@ -77,9 +81,68 @@ def test_a_stream_dropped_before_its_first_token_is_retried_transparently(two):
             "messages": [{"role": "user", "content": "hello " * 30 + " again"}]}) as s:
         events = [line for line in s.iter_lines() if line.startswith("data:")]
     assert events[-1] == "data: [DONE]" and not any('"error"' in e for e in events)
+    assert sum('"role"' in e for e in events) == 1                # one answer, not a broken one plus a retry
     usage = orjson.loads(events[-2][5:])["usage"]
-    assert usage["completion_tokens"] == 20                      # a whole answer, from the other worker
-    assert httpx.get(f"{r.url}/programs/p").json()["backend"] != home
+    assert usage["completion_tokens"] == 20 and usage["prompt_tokens_details"]["cached_tokens"] > 0
+    assert httpx.get(f"{r.url}/programs/p").json()["backend"] == home
+    assert all(w["is_healthy"] for w in workers(r.url).values())
+
+
+async def _streams(url: str, clients: int, per_client: int) -> list[tuple[float, bool, list[bytes]]]:
+    """``clients`` programs, each sending ``per_client`` streamed steps one after the other
+    (every other one asks for the usage chunk): (seconds, usage asked, SSE data) per stream."""
+    out: list[tuple[float, bool, list[bytes]]] = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+
+        async def program(i: int) -> None:
+            for j in range(per_client):
+                body = {"model": "tiny", "max_tokens": 8, "stream": True, "program_id": f"agent-{i}",
+                        "messages": [{"role": "user", "content": f"task {i} " * 30 + f" step {j}"}]}
+                if j % 2:
+                    body["stream_options"] = {"include_usage": True}
+                t0 = time.monotonic()
+                async with http.post(url + "/v1/chat/completions", json=body) as resp:
+                    assert resp.status == 200
+                    raw = await resp.read()
+                out.append((time.monotonic() - t0, bool(j % 2), [e[6:] for e in raw.split(b"\n\n") if e.startswith(b"data: ")]))
+
+        await asyncio.gather(*(program(i) for i in range(clients)))
+    return out
+
+
+def test_streams_a_worker_breaks_under_concurrency_end_promptly_and_leave_no_program_reasoning(spawn):
+    """One worker (nowhere to fail over to) breaking 30% of its streams, before or after their
+    first event, under 32 concurrent programs. The router runs on production time constants
+    (5 s ticks, 1 s polls): a stream that waited on a poll or a tick it did not need shows."""
+    sim = spawn("sim", "tiny", workers=1, time_scale=TS)
+    r = spawn("thunder", sim.urls, time_scale=1.0)
+    faults(sim.url, break_streams_rate=0.3)
+    results = asyncio.run(_streams(r.url, clients=32, per_client=6))
+    complete = failed = 0
+    for secs, usage_asked, events in results:
+        assert secs < 2.0, f"a stream took {secs:.1f}s"
+        assert events[-1] == b"[DONE]" and events.count(b"[DONE]") == 1
+        objs = [orjson.loads(e) for e in events[:-1]]            # every event is whole JSON
+        if "error" in objs[-1]:
+            assert objs[-1]["error"]["type"] == "upstream_error" and "mid-stream" in objs[-1]["error"]["message"]
+            content = objs[:-1]
+            failed += 1
+        else:
+            usage = [o for o in objs if "usage" in o]                # hidden unless asked
+            assert len(usage) == usage_asked and (not usage or usage[0]["usage"]["completion_tokens"] == 8)
+            assert objs[-1 - usage_asked]["choices"][0]["finish_reason"] == "length"
+            content = [o for o in objs if o["choices"] and o["choices"][0]["finish_reason"] is None]
+            assert len(content) == 8
+            complete += 1
+        # one answer from its start, never a broken start glued to a retry
+        assert not content or content[0]["choices"][0]["delta"].get("role") == "assistant"
+        assert all("role" not in o["choices"][0]["delta"] for o in content[1:])
+    assert complete + failed == 32 * 6 and complete > failed > 0
+    assert "retrying the stream" in r.log_tail(100_000)           # streams broken before their first event
+    progs = httpx.get(r.url + "/programs").json()["data"]
+    assert len(progs) == 32
+    assert all(p["phase"] == "acting" and p["in_flight"] == 0 and p["state"] == "active" for p in progs), progs
+    assert all(w["is_healthy"] for w in workers(r.url).values())
 
 
 def test_a_silent_worker_is_marked_unhealthy_in_bounded_time_and_rejoins(two):

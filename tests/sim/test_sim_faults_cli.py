@@ -90,6 +90,27 @@ async def test_die_mid_stream_drop_cuts_the_connection_after_k_chunks(served: tu
     assert not rw.worker.engines[0].reqs  # the cut request was aborted (or had finished)
 
 
+async def test_break_streams_rate_cuts_that_fraction_of_streams_at_every_point(served: tuple[RunningWorker, aiohttp.ClientSession]) -> None:
+    rw, http = served
+    await set_faults(http, break_streams_rate=0.5)
+    cut_after: list[int] = []
+    for _ in range(80):
+        chunks = 0
+        try:
+            async with http.post("/v1/chat/completions", json={**CHAT, "stream": True}) as resp:
+                async for line in resp.content:
+                    chunks += line.startswith(b"data: ") and b'"content"' in line
+        except aiohttp.ClientPayloadError:
+            cut_after.append(chunks)
+    assert 20 <= len(cut_after) <= 60
+    assert min(cut_after) == 0 and max(cut_after) >= 7 and max(cut_after) < 10  # before the first event and late
+    async with http.post("/v1/chat/completions", json=CHAT) as resp:
+        assert resp.status == 200  # non-stream answers are untouched
+    await set_faults(http, break_streams_rate=0.0)
+    async with http.post("/v1/chat/completions", json={**CHAT, "stream": True}) as resp:
+        assert (await resp.read()).endswith(b"data: [DONE]\n\n")
+
+
 async def test_startup_delay_answers_503_until_started() -> None:
     rw = await serve(SimWorker(unit_config(faults__startup_delay_s=0.3)), ScaledClock(1.0))
     try:
@@ -101,7 +122,7 @@ async def test_startup_delay_answers_503_until_started() -> None:
         await rw.runner.cleanup()
 
 
-@pytest.mark.parametrize("body", [{"failure_rate": 2.0}, {"nope": 1}, {"die_mid_stream_mode": "explode"}, [1, 2]])
+@pytest.mark.parametrize("body", [{"failure_rate": 2.0}, {"break_streams_rate": -0.1}, {"nope": 1}, {"die_mid_stream_mode": "explode"}, [1, 2]])
 async def test_invalid_fault_settings_are_refused(served: tuple[RunningWorker, aiohttp.ClientSession], body: object) -> None:
     _, http = served
     resp = await http.post("/sim/faults", json=body)

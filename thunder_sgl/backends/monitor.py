@@ -103,11 +103,15 @@ class Monitor:
         on_remove: Callable[[Worker], None],
         headers: dict[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_health: Callable[[Worker], None] | None = None,
     ) -> None:
+        """``on_health`` is told of every change of a worker's health (the scheduler acts on
+        both: a worker back in service can take held requests at once)."""
         self.cfg = cfg
         self.session = session
         self.on_backends = on_backends
         self.on_remove = on_remove
+        self.on_health = on_health
         self.headers = headers or {}
         self.clock = clock
         self.workers: dict[str, Worker] = {}
@@ -247,8 +251,11 @@ class Monitor:
             self._set_health(w, True, None)
 
     def _set_health(self, w: Worker, healthy: bool, reason: str | None) -> None:
+        changed = w.healthy != healthy
         w.healthy = healthy
         if reason:
             w.last_error = reason
         for b in w.backends:
             b.healthy = healthy
+        if changed and self.on_health is not None:
+            self.on_health(w)

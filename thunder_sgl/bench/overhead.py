@@ -12,8 +12,11 @@ simulated work) is reached directly and through: the thunder gateway, stock sgla
 - one stream at a time on a reused connection (c = 1): per-stream latency, which exposes
   Nagle/delayed-ACK stalls (sglang_router 0.3.2 adds ~40 ms there, sglang-surface §3.8);
 
-and the router process's CPU seconds. Every request of the thunder runs carries a program id
-(one program per client slot, as agents do), so the policy's bookkeeping is in the path.
+and the router process's CPU seconds. Each measurement is split in ``SLICES`` slices taken
+with the targets in turn, so that other load on the machine falls on all of them. An error is a request that failed, answered a status
+other than 200, or (streams) ended without ``data: [DONE]`` or with an SSE error event. Every
+request of the thunder runs carries a program id (one program per client slot, as agents
+do), so the policy's bookkeeping is in the path. The command line goes to ``command.txt``.
 Client, worker and router share this machine's cores: ratios are the result, not absolutes.
 """
 
@@ -24,7 +27,8 @@ import asyncio
 import json
 import time
 import urllib.request
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -59,15 +63,20 @@ def pct(xs: list[float], q: float) -> float:
 
 
 async def one(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str], stream: bool) -> float:
+    """Seconds for one request; raises (an error) on a status other than 200 and on a stream
+    that is cut short or carries an SSE error event."""
     t = time.perf_counter()
     async with session.post(url, data=body, headers=headers) as r:
         if stream:
-            async for _ in r.content.iter_any():
-                pass
+            chunks = [c async for c in r.content.iter_any()]
         else:
             await r.read()
         if r.status != 200:
             raise RuntimeError(f"status {r.status}")
+    if stream:
+        data = b"".join(chunks)
+        if not data.endswith(b"data: [DONE]\n\n") or b'data: {"error"' in data:
+            raise RuntimeError("broken stream")
     return time.perf_counter() - t
 
 
@@ -167,6 +176,38 @@ def cpu(proc: Proc | None) -> float:
         return 0.0
 
 
+SLICES = 4
+"""Each measurement is taken in this many slices with the targets in turn (direct, thunder,
+sglang_router, smg, direct, ...), so that load from other work on this shared machine falls
+on every target alike rather than on whichever was being measured."""
+
+
+@dataclass
+class Tally:
+    lat: list[float] = field(default_factory=list)
+    errors: int = 0
+    seconds: float = 0.0
+    cpu: float = 0.0
+
+
+def interleaved(targets: dict[str, Proc | None], urls: dict[str, str],
+                measure: Callable[[str], tuple[list[float], int, float]]) -> dict[str, Tally]:
+    """``measure(url) -> (latencies, errors, seconds measured)``, SLICES times per target, in
+    turn; the router's CPU seconds are counted over its slices."""
+    out = {name: Tally() for name in targets}
+    for _ in range(SLICES):
+        for name, proc in targets.items():
+            c0 = cpu(proc)
+            lat, err, secs = measure(urls[name])
+            t = out[name]
+            t.lat += lat
+            t.errors += err
+            t.seconds += secs
+            t.cpu += cpu(proc) - c0
+            print(f"{name}: {len(lat)} requests in {secs:.1f}s, {err} errors", flush=True)
+    return out
+
+
 def run(args: argparse.Namespace) -> list[Row]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -180,29 +221,30 @@ def run(args: argparse.Namespace) -> list[Row]:
         if not args.no_stock:
             targets["sglang_router"] = start_stock(sim.urls, "cache_aware", "sglang_router", log_dir=out / "logs")
             targets["smg"] = start_stock(sim.urls, "cache_aware", "smg", log_dir=out / "logs")
-        direct_open: list[float] = []
+        urls = {name: (sim.urls[0] if proc is None else proc.url) + "/v1/chat/completions" for name, proc in targets.items()}
+        conc, secs = args.concurrency, args.seconds / SLICES
+
+        def closed_of(stream: bool) -> Callable[[str], tuple[list[float], int, float]]:
+            return lambda u: asyncio.run(closed_loop(u, conc, secs, stream))
+
+        closed = {stream: interleaved(targets, urls, closed_of(stream)) for stream in (False, True)}
+        opened = interleaved(targets, urls, lambda u: (*asyncio.run(open_loop(u, args.rate, secs)), secs))
+        solo = interleaved(targets, urls, lambda u: (asyncio.run(single_stream(u, 50 // SLICES)), 0, 0.0))
+        direct_open = opened["direct"].lat
         for name, proc in targets.items():
-            base = sim.urls[0] if proc is None else proc.url
-            url = base + "/v1/chat/completions"
             for mode, stream in (("chat", False), ("chat-stream-8", True)):
-                c0 = cpu(proc)
-                lat, err, secs = asyncio.run(closed_loop(url, args.concurrency, args.seconds, stream))
-                rows.append(Row(name, f"{mode} c={args.concurrency}", len(lat) / secs, pct(lat, .5) * 1e3,
-                                pct(lat, .99) * 1e3, router_cpu_s=(cpu(proc) - c0) if proc else None, errors=err))
-                print(rows[-1], flush=True)
-            lat, err = asyncio.run(open_loop(url, args.rate, args.seconds))
-            row = Row(name, f"chat @{args.rate:.0f} req/s", len(lat) / args.seconds, pct(lat, .5) * 1e3, pct(lat, .99) * 1e3,
-                      errors=err)
-            if proc is None:
-                direct_open = lat
-            elif direct_open:
+                t = closed[stream][name]
+                rows.append(Row(name, f"{mode} c={conc}", len(t.lat) / t.seconds, pct(t.lat, .5) * 1e3,
+                                pct(t.lat, .99) * 1e3, router_cpu_s=t.cpu if proc else None, errors=t.errors))
+            t = opened[name]
+            row = Row(name, f"chat @{args.rate:.0f} req/s", len(t.lat) / t.seconds, pct(t.lat, .5) * 1e3,
+                      pct(t.lat, .99) * 1e3, errors=t.errors)
+            if proc is not None and direct_open:
                 row.added_p50_ms = row.p50_ms - pct(direct_open, .5) * 1e3
                 row.added_p99_ms = row.p99_ms - pct(direct_open, .99) * 1e3
             rows.append(row)
-            print(rows[-1], flush=True)
-            lat = asyncio.run(single_stream(url))
-            rows.append(Row(name, "stream c=1 reused conn", len(lat) / sum(lat), pct(lat, .5) * 1e3, pct(lat, .99) * 1e3))
-            print(rows[-1], flush=True)
+            t = solo[name]
+            rows.append(Row(name, "stream c=1 reused conn", len(t.lat) / sum(t.lat), pct(t.lat, .5) * 1e3, pct(t.lat, .99) * 1e3))
     finally:
         for p in targets.values():
             if p is not None:
@@ -226,10 +268,14 @@ def write(rows: list[Row], out: Path, args: argparse.Namespace) -> None:
         lines.append(f"| {r.target} | {r.mode} | {r.rps:.0f} | {r.p50_ms:.1f} | {r.p99_ms:.1f} | {f(r.added_p50_ms)} | "
                      f"{f(r.added_p99_ms)} | {f(r.router_cpu_s)} | {r.errors} |")
     by = {(r.target, r.mode): r for r in rows}
-    mode = f"chat c={args.concurrency}"
+    mode, smode = f"chat c={args.concurrency}", f"chat-stream-8 c={args.concurrency}"
     if ("thunder", mode) in by and ("smg", mode) in by:
         lines += ["", f"thunder / smg requests/s (chat, closed loop): {by[('thunder', mode)].rps / by[('smg', mode)].rps:.2f}"]
+    if ("thunder", smode) in by and ("smg", smode) in by:
+        th, sm = by[("thunder", smode)], by[("smg", smode)]
+        lines += [f"thunder / smg (chat-stream-8, closed loop): requests/s {th.rps / sm.rps:.2f}, p99 {th.p99_ms / sm.p99_ms:.2f}"]
     (out / "overhead.md").write_text("\n".join(lines) + "\n")
+    (out / "command.txt").write_text(lines[0].removeprefix("Command: `").removesuffix("`") + "\n")
     print("\n".join(lines))
 
 

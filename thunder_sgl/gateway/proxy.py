@@ -5,8 +5,10 @@
   the backend's DP rank. For OpenAI streams the worker is always asked for the usage chunk;
   the client gets it only if it asked (``usage.SSETap``).
 - A connection failure before any byte marks the worker unhealthy, requeues the program and
-  retries transparently on the backend the scheduler picks next (also for streams, as long as
-  no event was sent). A failure after bytes were sent ends a stream with an SSE error event.
+  retries transparently on the backend the scheduler picks next. A stream the worker breaks
+  after answering, before any event reached the client, is retried on the same worker under a
+  fresh rid (``_relay``); once an event was sent, a failure ends the stream with an SSE error
+  event.
 - A client that goes away aborts the upstream request; in every case the program's request
   is finished (usage or None), so no program stays REASONING.
 """
@@ -22,12 +24,14 @@ from typing import Any
 
 import aiohttp
 import orjson
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
+from thunder_sgl.backends.backend import Backend
 from thunder_sgl.controller import Ticket
-from thunder_sgl.errors import UpstreamError
+from thunder_sgl.errors import ThunderError, UpstreamError
 from thunder_sgl.gateway.inbound import Inbound
 from thunder_sgl.gateway.runtime import Gateway
+from thunder_sgl.gateway.sse import Last, SSEResponse
 from thunder_sgl.gateway.usage import SSETap, usage_from_body
 
 log = logging.getLogger("thunder_sgl.proxy")
@@ -77,40 +81,12 @@ async def forward(
     payload, headers, rid = upstream_request(gw, inbound, t, extra_headers)
     path = UPSTREAM_PATHS[inbound.route]
     timeout = aiohttp.ClientTimeout(total=gw.cfg.gateway.upstream_timeout_seconds, sock_connect=5)
-    # Watch for the client leaving from the moment the request goes upstream: a real SGLang
-    # server sends the headers of a non-stream answer only when it is complete, so the wait for
-    # them is the whole generation. Then cancel, close upstream and abort the rid. One watcher
-    # task per request (a stream's relay watches through Starlette once it is returned).
-    me = asyncio.current_task()
-    gone = asyncio.ensure_future(disconnected())
-
-    def on_gone(f: asyncio.Future[Any]) -> None:
-        if not f.cancelled() and me is not None:
-            me.cancel()
-
-    gone.add_done_callback(on_gone)
-    resp: aiohttp.ClientResponse | None = None
-    try:
-        resp = await _open(gw, t, path, payload, headers, timeout, disconnected)
-        if inbound.stream and resp.status == 200:
-            return StreamingResponse(
-                _relay(gw, inbound, t, resp, path, payload, headers, timeout, rid),
-                media_type="text/event-stream", headers=SSE_HEADERS,
-            )
-        return await _complete(gw, inbound, t, resp)
-    except asyncio.CancelledError:
-        if gone.done() and not gone.cancelled():
-            if me is not None:
-                me.uncancel()
-            if resp is not None:
-                resp.close()
-            gw.spawn(abort(gw, t, rid), f"abort {rid}")
-            if t.backend is not None:
-                gw.finish(t, None)
-        raise
-    finally:
-        gone.remove_done_callback(on_gone)
-        gone.cancel()
+    if not inbound.stream:
+        return await _complete(gw, inbound, t, rid, disconnected, _open(gw, t, path, payload, headers, timeout, disconnected))
+    resp = await _open(gw, t, path, payload, headers, timeout, disconnected)
+    if resp.status == 200:
+        return SSEResponse(_relay(gw, inbound, t, resp, path, payload, headers, timeout, rid), SSE_HEADERS)
+    return await _complete(gw, inbound, t, rid, disconnected, _opened(resp))
 
 
 async def _open(gw: Gateway, t: Ticket, path: str, payload: bytes, headers: dict[str, str],
@@ -135,15 +111,47 @@ async def _open(gw: Gateway, t: Ticket, path: str, payload: bytes, headers: dict
     raise AssertionError("unreachable")
 
 
-async def _complete(gw: Gateway, inbound: Inbound, t: Ticket, resp: aiohttp.ClientResponse) -> Response:
+async def _opened(resp: aiohttp.ClientResponse) -> aiohttp.ClientResponse:
+    return resp
+
+
+async def _complete(gw: Gateway, inbound: Inbound, t: Ticket, rid: str, disconnected: Callable[[], Awaitable[Any]],
+                    opening: Awaitable[aiohttp.ClientResponse]) -> Response:
+    """A whole answer: ``opening`` (the POST, failovers included) and the read of the body run
+    while one watcher task waits for the client to leave; then both are cancelled and the
+    upstream request aborted. The watch starts before the POST: a worker sends the headers of
+    a non-stream answer with its body, as SGLang does, so a watch begun at the headers would
+    miss a client that left during the generation."""
+    me = asyncio.current_task()
+    gone = asyncio.ensure_future(disconnected())
+
+    def on_gone(f: asyncio.Future[Any]) -> None:
+        if not f.cancelled() and me is not None:
+            me.cancel()
+
+    gone.add_done_callback(on_gone)
+    resp: aiohttp.ClientResponse | None = None
     try:
+        resp = await opening
         data = await resp.read()
+    except asyncio.CancelledError:
+        if gone.done() and not gone.cancelled():
+            if me is not None:
+                me.uncancel()
+            if resp is not None:
+                resp.close()
+            gw.spawn(abort(gw, t.backend, rid), f"abort {rid}")
+            gw.finish(t, None)
+        raise
     except (TimeoutError, aiohttp.ClientError) as e:
         gw.metrics.upstream_errors.labels("read").inc()
         gw.finish(t, None)
         raise UpstreamError(f"worker failed while answering: {type(e).__name__}: {e}", code="upstream_failed") from None
     finally:
-        resp.release()
+        gone.remove_done_callback(on_gone)
+        gone.cancel()
+        if resp is not None:
+            resp.release()
     status = resp.status
     if status != 200:
         gw.finish(t, None)
@@ -173,55 +181,85 @@ def openai_shaped(data: bytes, status: int) -> bytes:
     return orjson.dumps({"error": err})
 
 
+def _sse_error(err: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(err) + b"\n\ndata: [DONE]\n\n"
+
+
+def _with_rid(payload: bytes, rid: str) -> bytes:
+    return orjson.dumps({**orjson.loads(payload), "rid": rid})
+
+
 async def _relay(gw: Gateway, inbound: Inbound, t: Ticket, resp: aiohttp.ClientResponse, path: str,
                  payload: bytes, headers: dict[str, str], timeout: aiohttp.ClientTimeout, rid: str) -> AsyncIterator[bytes]:
+    """Pass the worker's SSE through the tap. A stream that breaks after an event reached the
+    client ends with an SSE error event. One that breaks before is retried on the same worker
+    at once, under a fresh rid (the broken request may still be in the engine's table; it is
+    aborted): the worker did answer, so it is reachable, and marking it unhealthy would hold
+    every request to it until its next good poll. A retry that cannot connect fails over
+    (``_open``)."""
     tap = SSETap(inbound.route, inbound.include_usage)
     sent = False
     ok = False
-    attempts_left = gw.cfg.gateway.retries_before_first_byte
+    live = True  # the worker may still be generating the current attempt: abort it if we stop
+    first_rid, retries = rid, gw.cfg.gateway.retries_before_first_byte
     try:
-        while True:
+        for attempt in itertools.count(1):
             try:
+                held = b""  # the chunk that holds [DONE] waits for the end of the body, to go out as Last
                 async for chunk in resp.content.iter_any():
                     out = tap.feed(chunk)
                     if out:
                         sent = True
-                        yield out
-                tail = tap.flush()
-                if tail:
-                    yield tail
+                        if tap.done:
+                            held += out
+                        else:
+                            yield out
                 ok = True
+                yield Last(held + tap.flush())
                 break
             except (TimeoutError, aiohttp.ClientError) as e:
                 gw.metrics.upstream_errors.labels("stream").inc()
                 resp.close()
-                if sent or attempts_left <= 0:
-                    err = {"error": {"message": f"worker failed mid-stream: {type(e).__name__}: {e}",
-                                     "type": "upstream_error", "code": 502, "param": None}}
-                    yield b"data: " + orjson.dumps(err) + b"\n\n" + b"data: [DONE]\n\n"
+                if tap.done:  # broken after [DONE]: the answer is whole
+                    ok = True
+                    yield Last(held + tap.flush())
                     break
-                # Nothing reached the client yet: retry transparently elsewhere.
-                attempts_left -= 1
-                gw.failover(t, f"{type(e).__name__}: {e}")
-                await gw.acquire(t)
+                reason = f"{type(e).__name__}: {e}"
+                if sent or attempt > retries:
+                    yield Last(held + _sse_error({"error": {"message": f"worker failed mid-stream: {reason}",
+                                                            "type": "upstream_error", "code": 502, "param": None}}))
+                    break
+            log.warning("retrying the stream of %s: the worker broke it before its first event (%s)",
+                        t.program_id or "a stateless request", reason)
+            gw.spawn(abort(gw, t.backend, rid), f"abort {rid}")
+            live = False
+            rid = f"{first_rid}-retry{attempt}"
+            payload = _with_rid(payload, rid)
+            tap = SSETap(inbound.route, inbound.include_usage)  # forget a partial event of the broken stream
+            try:
                 resp = await _open(gw, t, path, payload, headers, timeout, None)
-                if resp.status != 200:
-                    body = await resp.read()
-                    yield b"data: " + body + b"\n\ndata: [DONE]\n\n"
-                    break
+            except ThunderError as e:
+                yield Last(_sse_error(e.body()))
+                break
+            if resp.status != 200:
+                body = await resp.read()
+                resp.release()
+                yield Last(_sse_error(orjson.loads(openai_shaped(body, resp.status))))
+                break
+            live = True
     finally:
-        if not ok and not tap.done:
+        if live and not ok and not tap.done:
             resp.close()
-            gw.spawn(abort(gw, t, rid), f"abort {rid}")
+            gw.spawn(abort(gw, t.backend, rid), f"abort {rid}")
         else:
             resp.release()
         if t.backend is not None:
             gw.finish(t, tap.usage if ok else None)
 
 
-async def abort(gw: Gateway, t: Ticket, rid: str) -> None:
-    """Ask the worker to stop generating ``rid`` (the client is gone)."""
-    b = t.backend
+async def abort(gw: Gateway, b: Backend | None, rid: str) -> None:
+    """Ask ``b``'s worker to stop generating ``rid`` (the client is gone, or the stream broke).
+    The backend is passed at the call: a retry may move the ticket before this task runs."""
     if b is None or gw.session is None:
         return
     try:

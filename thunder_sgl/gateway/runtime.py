@@ -83,7 +83,7 @@ class Gateway:
         self.session = aiohttp.ClientSession(connector=conn, timeout=timeout, auto_decompress=False)
         self.monitor = Monitor(
             self.cfg.monitor, self.session, self._on_worker_ready, self._on_worker_removed,
-            headers=self.upstream_auth(), clock=self.clock,
+            headers=self.upstream_auth(), clock=self.clock, on_health=self._on_worker_health,
         )
         for url in self.settings.worker_urls:
             self.monitor.add(url)
@@ -146,6 +146,11 @@ class Gateway:
         for b in w.backends:
             self.controller.add_backend(b)
         self.kick()
+
+    def _on_worker_health(self, w: Worker) -> None:
+        # Without a tick now, requests held while the worker was down would wait for the
+        # periodic one (up to tick_seconds, 5 s) after it is back.
+        self._kick.set()
 
     def _on_worker_removed(self, w: Worker) -> None:
         for b in w.backends:

@@ -77,10 +77,16 @@ class SSETap:
         self._buf = b""
 
     def feed(self, chunk: bytes) -> bytes:
-        self._buf += chunk
-        if b"\n\n" not in self._buf:
+        buf = self._buf + chunk if self._buf else chunk
+        cut = buf.rfind(b"\n\n")
+        if cut < 0:
+            self._buf = buf
             return b""
-        head, _, self._buf = self._buf.rpartition(b"\n\n")
+        head, self._buf = buf[:cut], buf[cut + 2:]
+        if self.route != "generate" and b'"usage"' not in head and b"[DONE]" not in head:
+            # content chunks only (most of a stream): passed through as they are, unparsed
+            self.tokens_seen = self.tokens_seen or b"data:" in head
+            return head + b"\n\n"
         out = []
         for event in head.split(b"\n\n"):
             kept = self._event(event)

@@ -387,8 +387,14 @@ class FaultSpec:
     startup_delay_s: float = 0.0
     """Real seconds during which every route but /sim/faults answers 503 (starting up)."""
 
+    break_streams_rate: float = 0.0
+    """Fraction of streamed responses whose connection is cut (as mode drop) after a number of
+    content chunks drawn uniformly from 0 to the answer's length − 1: a worker that breaks
+    streams under load, before and after their first event."""
+
     def __post_init__(self) -> None:
         _check(0 <= self.failure_rate <= 1, "faults.failure_rate must be in [0, 1]")
+        _check(0 <= self.break_streams_rate <= 1, "faults.break_streams_rate must be in [0, 1]")
         _check(self.added_latency_ms >= 0 and self.startup_delay_s >= 0, "fault delays must be >= 0")
         _check(self.die_mid_stream_after_tokens is None or self.die_mid_stream_after_tokens >= 0, "faults.die_mid_stream_after_tokens must be >= 0")
         _check(self.die_mid_stream_mode in ("exit", "drop"), "faults.die_mid_stream_mode must be exit or drop")

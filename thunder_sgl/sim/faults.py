@@ -4,7 +4,8 @@
 returns the current state. ``die_mid_stream_after_tokens`` arms a one-shot fault: the *next*
 streamed response is broken after that many content chunks, by ``os._exit(1)`` (mode ``exit``,
 a real crash: use it against worker processes, never in-process) or by cutting only that
-connection (mode ``drop``).
+connection (mode ``drop``). ``break_streams_rate`` cuts that fraction of all streams, each
+after a random number of chunks (mode ``drop``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class FaultState:
     die_mid_stream_after_tokens: int | None = None
     die_mid_stream_mode: str = "exit"
     startup_delay_s: float = 0.0
+    break_streams_rate: float = 0.0
 
     @classmethod
     def from_spec(cls, spec: FaultSpec) -> FaultState:
@@ -56,10 +58,14 @@ class Faults:
         rate = self.state.failure_rate
         return rate > 0 and self._rng.random() < rate
 
-    def take_die_mid_stream(self) -> tuple[int, str] | None:
-        """Disarm and return (after_tokens, mode) if the next stream must break."""
+    def take_die_mid_stream(self, tokens: int) -> tuple[int, str] | None:
+        """(after_chunks, mode) if this stream of ``tokens`` tokens must break: the armed
+        one-shot fault (disarmed here), else a draw at ``break_streams_rate``."""
         k = self.state.die_mid_stream_after_tokens
-        if k is None:
-            return None
-        self.state.die_mid_stream_after_tokens = None
-        return k, self.state.die_mid_stream_mode
+        if k is not None:
+            self.state.die_mid_stream_after_tokens = None
+            return k, self.state.die_mid_stream_mode
+        rate = self.state.break_streams_rate
+        if rate > 0 and self._rng.random() < rate:
+            return self._rng.randrange(max(tokens, 1)), "drop"
+        return None

@@ -13,7 +13,6 @@ import dataclasses
 import os
 import time
 import uuid
-from array import array
 from typing import Any
 
 from aiohttp import web
@@ -74,27 +73,27 @@ async def _stream(request: web.Request, srv: SimServer, p: P.Parsed, pend: Pendi
     w, cfg = srv.worker, srv.worker.cfg
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await resp.prepare(request)
-    die = w.faults.take_die_mid_stream()
+    die = w.faults.take_die_mid_stream(len(pend.answer))
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     tb = Tokenizer.token_bytes
     sent = 0
     text_so_far: list[str] = []
-    out_ids = None
+    # The answer taken at submission, never a lookup in the engine: the request may already
+    # have left its table (see ``Pending``). Counts are bounded by it, so no read goes past it.
+    ids = pend.answer
     while True:
         ev = pend.event
-        visible = ev.completion_tokens if ev is not None else pend.visible
+        visible = min(ev.completion_tokens if ev is not None else pend.visible, len(ids))
         if visible > sent:
-            if out_ids is None:
-                out_ids = ev.output_ids if ev is not None else _output_ids(srv, p.rid)
             chunks: list[bytes] = []
             for i in range(sent, visible):
                 if die is not None and i >= die[0]:
                     await resp.write(b"".join(chunks))
                     return await _die(request, srv, p.rid, die[1], resp)
-                piece = decoder.decode(tb(out_ids[i]))
+                piece = decoder.decode(tb(ids[i]))
                 if p.kind == "generate":
                     text_so_far.append(piece)
-                    chunks.append(P.sse({"text": "".join(text_so_far), "output_ids": list(out_ids[: i + 1]),
+                    chunks.append(P.sse({"text": "".join(text_so_far), "output_ids": list(ids[: i + 1]),
                                          "meta_info": P.generate_meta(p, None, i + 1, cfg)}))
                 else:
                     chunks.append(P.sse(P.stream_delta(p, piece, cfg, first=(i == 0))))
@@ -110,11 +109,6 @@ async def _stream(request: web.Request, srv: SimServer, p: P.Parsed, pend: Pendi
         await resp.write(b"".join(P.sse(c) for c in P.stream_final(p, ev, cfg)) + P.SSE_DONE)
     await resp.write_eof()
     return resp
-
-
-def _output_ids(srv: SimServer, rid: str) -> array:
-    out = srv.worker.output_ids(rid)
-    return out if out is not None else array("I")
 
 
 async def _die(request: web.Request, srv: SimServer, rid: str, mode: str, resp: web.StreamResponse) -> web.StreamResponse:

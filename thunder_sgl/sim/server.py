@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from array import array
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -42,13 +43,21 @@ INFERENCE_PATHS = frozenset({"/generate", "/v1/chat/completions", "/v1/completio
 
 
 class Pending:
-    """A request in flight: its completion, and the tokens a stream has been told about."""
+    """A request in flight: its answer, its completion, and the tokens a stream has been told
+    about.
 
-    __slots__ = ("rid", "stream", "event", "visible", "_waiter")
+    ``answer`` is taken at submission, while the request is certainly in the engine's table:
+    by the time a stream handler runs, its request may have finished inside another request's
+    submit or abort (which step the engine) and left the table, its completion not handed out
+    yet. Every output id a stream can ever send is in ``answer``.
+    """
 
-    def __init__(self, rid: str, stream: bool) -> None:
+    __slots__ = ("rid", "stream", "answer", "event", "visible", "_waiter")
+
+    def __init__(self, rid: str, stream: bool, answer: array) -> None:
         self.rid = rid
         self.stream = stream
+        self.answer = answer
         self.event: Completion | None = None
         self.visible = 0
         self._waiter: asyncio.Future[None] | None = None
@@ -125,8 +134,10 @@ class SimServer:
             w.set_result(None)
 
     def submit(self, req: SimRequest, stream: bool) -> Pending:
-        p = Pending(req.rid, stream)
         self.worker.submit(req, self.clock.now())
+        answer = self.worker.output_ids(req.rid)
+        assert answer is not None  # just queued: nothing stepped the engine since
+        p = Pending(req.rid, stream, answer)
         self.pending[req.rid] = p
         if stream:
             self.streams[req.rid] = p

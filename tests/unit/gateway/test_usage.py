@@ -42,6 +42,14 @@ def test_tap_reads_usage_and_drops_the_usage_chunk_unless_asked(client_wants_usa
     assert out.count(b'"content":"hi"') == 2 and out.endswith(b"data: [DONE]\n\n")
 
 
+def test_tap_passes_content_chunks_through_byte_for_byte_and_buffers_a_partial_event():
+    two = sse(CHUNK) + b": keep-alive\n\n" + sse(CHUNK)
+    tap = SSETap("chat", False)
+    assert tap.feed(two + b"data: {\"id\"") == two
+    assert tap.feed(b': "c"}\n\n') == b'data: {"id": "c"}\n\n'
+    assert tap.usage is None and not tap.done and tap.tokens_seen
+
+
 def test_tap_strips_usage_riding_on_a_content_chunk():
     riding = dict(CHUNK, usage=USAGE["usage"])
     tap = SSETap("completions", False)
