@@ -15,7 +15,12 @@ from pathlib import Path
 
 from thunder_sgl.engine.env import EngineEnv, EngineEnvError
 from thunder_sgl.engine.models import DEFAULT_SIZE, MODEL_SIZES
-from thunder_sgl.engine.serve import DEFAULT_MAX_TOTAL_TOKENS, EngineOptions, start_engines, write_ready_file
+from thunder_sgl.engine.serve import (
+    DEFAULT_MAX_TOTAL_TOKENS,
+    EngineOptions,
+    start_engines,
+    write_ready_file,
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -35,6 +35,9 @@ from thunder_sgl.programs import Program, Usage
 if TYPE_CHECKING:
     from thunder_sgl.sandboxes import SandboxManager
 
+UPSTREAM_KEEPALIVE_S = 4.0
+"""Below SGLang's 5 s server keep-alive."""
+
 log = logging.getLogger("thunder_sgl.gateway")
 
 
@@ -78,7 +81,11 @@ class Gateway:
 
     # ---- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
-        conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=30)
+        # Idle upstream connections are dropped before the worker drops them: SGLang's uvicorn
+        # closes a keep-alive connection after 5 s idle (SGLANG_TIMEOUT_KEEP_ALIVE), and a POST
+        # sent on a connection the worker is closing fails before any byte, which the proxy
+        # takes for a dead worker (failover, worker marked unhealthy).
+        conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=UPSTREAM_KEEPALIVE_S)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=5)
         self.session = aiohttp.ClientSession(connector=conn, timeout=timeout, auto_decompress=False)
         self.monitor = Monitor(
@@ -150,17 +157,13 @@ class Gateway:
     def _on_worker_health(self, w: Worker) -> None:
         # Without a tick now, requests held while the worker was down would wait for the
         # periodic one (up to tick_seconds, 5 s) after it is back.
-        self._kick.set()
+        self.kick()
 
     def _on_worker_removed(self, w: Worker) -> None:
         for b in w.backends:
             b.draining = True
             self.controller.remove_backend(b.key)
         self.kick()
-
-    def kick(self) -> None:
-        """Run a scheduler tick soon."""
-        self._kick.set()
 
     def suspect(self, b: Backend, reason: str) -> None:
         if self.monitor:

@@ -38,7 +38,13 @@ from thunder_sgl.scheduler import admission, queue
 from thunder_sgl.scheduler.admission import AdmissionState, BackendView
 from thunder_sgl.scheduler.capacity import BackendLoad, Member
 from thunder_sgl.scheduler.cost import decay_weights
-from thunder_sgl.scheduler.placement import Picker, Placement, PreviousThenMostRoom, open_backends, place
+from thunder_sgl.scheduler.placement import (
+    Picker,
+    Placement,
+    PreviousThenMostRoom,
+    open_backends,
+    place,
+)
 
 EPS = 1e-6
 
