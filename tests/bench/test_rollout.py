@@ -109,3 +109,20 @@ def test_batch_measures_from_known_programs():
     assert m["first_response_max_s"] == 5.0 and m["programs_failed"] == 1 and m["groups"] == 2
     # g1: completions 30, 40, 80 -> spread 50, last/median 2.0; g2: one member -> 0, 1.0
     assert (m["group_spread_max_s"], m["last_over_median_max"]) == (50.0, 2.0)
+
+
+def test_a_sync_rollout_sweep_runs_exactly_its_batch_from_time_zero():
+    from thunder_sgl.bench.harness import BenchSpec
+
+    spec = RolloutSpec(mode="sync", tasks=3, group_size=4)
+    assert BenchSpec(mode="des", programs=(12,), warmup_s=0.0, rollout=spec).results_name.startswith("rollout-sync-")
+    for bad in ({"programs": (24,), "warmup_s": 0.0}, {"programs": (12,), "warmup_s": 60.0}):
+        with pytest.raises(ValueError, match="sync rollout"):
+            BenchSpec(mode="des", rollout=spec, **bad)
+
+
+@pytest.mark.parametrize("kw", [{"mode": "batch"}, {"update_pause": "stop"}, {"group_size": 0},
+                                {"update_every_s": 30.0, "update_seconds": 30.0}])
+def test_bad_rollout_specs_are_refused(kw):
+    with pytest.raises(ValueError):
+        RolloutSpec(**kw)

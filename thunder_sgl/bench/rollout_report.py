@@ -70,12 +70,14 @@ def markdown(results: Sequence[RunResult]) -> list[str]:
             comp = (f"{_mean(bs, 'completion_p50_s'):.0f} / {_max(bs, 'completion_p99_s'):.0f}" if bs
                     else f"{r.program_completion_p50_s:.0f} / {r.program_completion_p99_s:.0f}")
             ttfr = f"{_max(bs, 'first_response_max_s'):.0f}" if bs else "–"
+            some = any(x.get("groups") for x in g)
+            spread = (f"{_mean(g, 'group_spread_p50_s'):.0f} / {_max(g, 'group_spread_max_s'):.0f}" if some
+                      else "– (no group ended whole in the window)")
+            ratio = f"{_mean(g, 'last_over_median_p50'):.2f} / {_max(g, 'last_over_median_max'):.2f}" if some else "–"
             out.append(
                 f"| {name} | {r.steps_per_min:.1f} | {_x(r.steps_per_min, base_spm)} | "
                 f"{f'{ms:.0f}' if bs else '–'} | {_x(ms, base_ms) if bs else '–'} | {comp} | "
-                f"{ttfr} | "
-                f"{_mean(g, 'group_spread_p50_s'):.0f} / {_max(g, 'group_spread_max_s'):.0f} | "
-                f"{_mean(g, 'last_over_median_p50'):.2f} / {_max(g, 'last_over_median_max'):.2f} | "
+                f"{ttfr} | {spread} | {ratio} | "
                 f"{ro['windows']} ({ro['window_held']}/{ro['window_door']}) | {ro['requests_lost']} |")
         out.append("")
     return out
