@@ -3,7 +3,8 @@
 # directory also holds its exact command in command.txt). Run from the repository root after
 # `pip install -e ".[test]"` (smg is needed for the smg-cache_aware router). Takes ~3 h on 2 cores.
 set -euo pipefail
-ROUTERS=thunder,thunder-paper,sglang-cache_aware,sglang-round_robin,smg-cache_aware
+# thunder = the default (cost-based admission, KV references); thunder-fixed = the earlier default.
+ROUTERS=thunder,thunder-fixed,thunder-paper,sglang-cache_aware,sglang-round_robin,smg-cache_aware
 
 # (a) DES mode at 8 nodes (1×, 2×, 3× capacity), without and with HiCache; 30 min warm-up.
 thunder-sgl bench --mode des --cluster glm46-fp8-h100x8 --nodes 8 --programs 472,944,1416 \
@@ -32,3 +33,18 @@ thunder-sgl bench --mode des --cluster glm46-fp8-h100x8 --nodes 2 --programs 140
 thunder-sgl bench --mode des --cluster glm46-fp8-h100x8 --nodes 8 --programs 220,440,660 \
   --profile openhands --routers $ROUTERS --duration 1200 --warmup 1800 --seed 1 \
   --name openhands-glm46-fp8-8n-des
+
+# (e) Real SGLang 0.5.23 CPU engines (thunder-sgl engine prepare first; keep the machine idle).
+#     One engine thread each: two on a 2-core machine make the engine's speed depend on the router
+#     and client beside it (docs/real-engine.md). N ≈ 1×, 2×, 4× the 24,576-token pool.
+REAL=direct,sglang-cache_aware,smg-cache_aware,thunder,thunder-fixed,thunder-paper
+thunder-sgl bench --mode real --nodes 1 --programs 8,16,32 --profile cpu-agent --routers $REAL \
+  --duration 180 --warmup 60 --engine-threads 1 --name real-cpu-1e
+thunder-sgl bench --mode real --nodes 2 --programs 16,32,64 --profile cpu-agent --routers $REAL \
+  --duration 180 --warmup 60 --engine-threads 1 --name real-cpu-2e
+#     The simulator calibrated against that engine (python bench/real/calibrate.py --model small
+#     --threads 1 --name small-t1), same sweeps in DES mode: the real-vs-simulated table.
+thunder-sgl bench --mode des --cluster sglang-cpu-gpt2-small-t1 --nodes 1 --programs 8,16,32 \
+  --profile cpu-agent --routers $REAL --duration 180 --warmup 60 --seed 1 --name real-cpu-1e-sim
+thunder-sgl bench --mode des --cluster sglang-cpu-gpt2-small-t1 --nodes 2 --programs 16,32,64 \
+  --profile cpu-agent --routers $REAL --duration 180 --warmup 60 --seed 1 --name real-cpu-2e-sim

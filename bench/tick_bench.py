@@ -1,12 +1,14 @@
 """Time the scheduler's tick over 10,000 programs and 64 backends (issue: < 10 ms).
 
-    python bench/tick_bench.py [--programs 10000] [--backends 64] [--repeat 50] [--inner 3]
+    python bench/tick_bench.py [--programs 10000] [--backends 64] [--repeat 50] [--inner 3] [--group-size 8]
 
 The state is a steady state reached by the scheduler itself: 10,000 programs admitted by
 ticks onto 64 GLM-4.6-like backends (1.05 M HBM tokens, host tier ×2), contexts 2–60 K
 tokens, 40% reasoning, the rest acting for up to 30 s; the cluster is oversubscribed, so the
 queue is long and every tick pauses and restores some programs. Reports the median and p90
 of ``tick`` (decisions computed, not applied) and of a cold-start tick (all programs new).
+With ``--group-size G`` the programs are groups of G samples of one task (RL rollouts) sharing
+a 1,000-token task prompt, and placement is the group-aware one (``GroupPicker``).
 
 ``tick`` is pure, so each state is timed ``--inner`` times: the first evaluation is what a
 router would see (it includes Python's GC and whatever else the machine is doing); the best
@@ -24,18 +26,23 @@ from thunder_sgl.backends import Backend, Tiers
 from thunder_sgl.config import SchedulerConfig
 from thunder_sgl.programs import ProgramTable, Usage
 from thunder_sgl.scheduler import ThunderScheduler, apply
+from thunder_sgl.scheduler.grouping import GroupPicker
 
 
-def build(n_programs: int, n_backends: int, seed: int = 1) -> tuple[ThunderScheduler, ProgramTable, list[Backend]]:
+def build(n_programs: int, n_backends: int, seed: int = 1,
+          group_size: int = 0) -> tuple[ThunderScheduler, ProgramTable, list[Backend]]:
     rng = random.Random(seed)
     backends = [
         Backend(f"http://node{i}:30000", 0, Tiers(hbm_tokens=1_050_000, host_tokens=2_100_000))
         for i in range(n_backends)
     ]
     table = ProgramTable()
-    policy = ThunderScheduler(SchedulerConfig())
+    policy = ThunderScheduler(SchedulerConfig(), picker=GroupPicker() if group_size else None)
     for i in range(n_programs):
-        p = table.create(f"prog-{i}", 0.0)
+        gid = f"task-{i // group_size}" if group_size else None
+        p = table.create(f"prog-{i}", 0.0, gid, 1000)
+        if p.group is not None:
+            p.group_key = p.group.key
         p.prefix_key, p.shared_prefix_tokens = "swe-system", 1500
         p.pending_prompt_tokens = rng.randint(2_000, 60_000)
         p.held = 1
@@ -70,9 +77,10 @@ def main() -> None:
     ap.add_argument("--backends", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--inner", type=int, default=3, help="evaluations of each state's tick (it is pure)")
+    ap.add_argument("--group-size", type=int, default=0, help="programs per group (RL task); 0: no groups")
     args = ap.parse_args()
 
-    policy, table, backends = build(args.programs, args.backends)
+    policy, table, backends = build(args.programs, args.backends, group_size=args.group_size)
     rng = random.Random(3)
     now, first, best, decisions = 5.0, [], [], []
     for _ in range(args.repeat):

@@ -5,6 +5,9 @@ thunder router instead of the engines:
 
 - each trajectory is one *program*: every request carries ``program_id`` (OpenAI SDK:
   ``extra_body``) and an ``rid`` of its own, and the program is released when the trajectory ends;
+- the ``--group-size`` samples of one task form a *group* (GRPO): their requests carry the
+  task's ``group_id``, so the router counts their shared task prompt once, places them
+  together and reports the group's completion (``GET /groups``);
 - between training steps the trainer syncs weights through the router, alternating the two
   styles: SkyRL's (``/weight_sync/begin``, ``/pause_generation`` retract,
   ``/update_weights_from_disk``, ``/continue_generation``, ``/weight_sync/end``) and slime's
@@ -55,6 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default="tiny", help="model name sent in requests")
     p.add_argument("--model-path", default=None, help="what /update_weights_from_disk loads (default: the served model)")
     p.add_argument("--programs", type=int, default=8, help="trajectories rolled out at once")
+    p.add_argument("--group-size", type=int, default=4, help="trajectories per task (a group, GRPO's G)")
     p.add_argument("--steps", type=int, default=6, help="LLM calls per trajectory")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--updates", type=int, default=2, help="weight updates during the rollout")
@@ -64,10 +68,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def trajectory(client: AsyncOpenAI, http: httpx.AsyncClient, args: argparse.Namespace, pid: str,
-                     tally: Tally, rids: itertools.count) -> None:
+                     tally: Tally, rids: itertools.count, group: str) -> None:
     messages = [{"role": "system", "content": "You fix bugs in a repository. " * 20},
-                {"role": "user", "content": f"Task {pid}: make the failing test pass. " * 10}]
-    extra = {"program_id": pid, **({"ignore_eos": True} if args.ignore_eos else {})}
+                {"role": "user", "content": f"Task {group}: make the failing test pass. " * 10}]
+    extra = {"program_id": pid, "group_id": group, **({"ignore_eos": True} if args.ignore_eos else {})}
     step = 0
     while step < args.steps:
         rid = f"{pid}-{next(rids)}"
@@ -136,15 +140,20 @@ async def rollout(args: argparse.Namespace) -> dict:
             args.model_path = (await http.get(args.router + "/get_model_info")).json()["model_path"]
         rids = itertools.count()
         t0 = time.monotonic()
-        agents = asyncio.gather(*(trajectory(client, http, args, f"traj-{i}", tally, rids) for i in range(args.programs)))
+        g = max(1, args.group_size)
+        agents = asyncio.gather(*(trajectory(client, http, args, f"task-{i // g}-s{i % g}", tally, rids, f"task-{i // g}")
+                                  for i in range(args.programs)))
         await asyncio.gather(agents, trainer(http, args, tally, agents))
         left = (await http.get(args.router + "/programs")).json()["count"]
+        groups = (await http.get(args.router + "/groups")).json()
         window = (await http.get(args.router + "/weight_sync")).json()
     await client.close()
     return {"trajectories": args.programs, "requests_answered": tally.answered, "failed": tally.failed,
             "resent_after_abort": tally.resent_after_abort, "aborted_by_timeout": tally.aborted_by_timeout,
             "weight_updates": tally.windows, "weight_versions_seen": sorted(tally.versions),
             "router_weight_version": window["weight_version"], "programs_left": left,
+            "groups_completed": groups["completed_total"], "groups_live": len(groups["live"]),
+            "group_spread_max_seconds": max((x["spread_seconds"] for x in groups["completed"]), default=0.0),
             "seconds": round(time.monotonic() - t0, 1)}
 
 

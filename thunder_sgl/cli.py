@@ -94,6 +94,18 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
                    help="http mode: extra arguments of one router, e.g. thunder='--thunder-lambda-max 0.9' (repeatable)")
     p.add_argument("--report-only", metavar="DIR", type=Path, default=None,
                    help="rebuild results.csv/.md and the plots of DIR from its results.json, run nothing")
+    r = p.add_argument_group("rollout (RL: tasks x samples in groups, weight updates on a timer; bench/rollout.py)")
+    r.add_argument("--rollout", choices=("sync", "async"), default=None,
+                   help="sync: batches of --tasks x --group-size released at once, the next when the whole batch "
+                        "is done (--programs and --warmup are implied, --duration caps the run); async: --programs "
+                        "in flight, topped up by whole groups")
+    r.add_argument("--tasks", type=int, default=18, help="sync: tasks (groups) per batch")
+    r.add_argument("--group-size", type=int, default=8, help="samples per task (G)")
+    r.add_argument("--batches", type=int, default=3, help="sync: batches")
+    r.add_argument("--update-every", type=float, default=10.0, help="a weight update every this many simulated minutes (0: none)")
+    r.add_argument("--update-seconds", type=float, default=30.0, help="simulated seconds one weight update pauses the engines")
+    r.add_argument("--update-pause", choices=("retract", "abort", "in_place"), default="retract",
+                   help="pause mode of the engines during an update")
 
 
 def _bench(args: argparse.Namespace, argv: list[str]) -> int:
@@ -112,6 +124,15 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
     if args.mode == "real" and args.time_scale == BenchSpec().time_scale:
         args.time_scale = 1.0
     try:
+        rollout = None
+        if args.rollout is not None:
+            from thunder_sgl.bench.rollout import RolloutSpec
+
+            rollout = RolloutSpec(mode=args.rollout, tasks=args.tasks, group_size=args.group_size,
+                                  batches=args.batches, update_every_s=60.0 * args.update_every,
+                                  update_seconds=args.update_seconds, update_pause=args.update_pause)
+            if rollout.mode == "sync":
+                args.programs, args.warmup = (rollout.batch_programs,), 0.0
         router_args = tuple(tuple(x.split("=", 1)) for x in args.router_arg)
         if any(len(x) != 2 for x in router_args):
             raise ValueError("--router-arg takes ROUTER=ARGS")
@@ -120,7 +141,8 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
                          warmup_s=args.warmup, time_scale=args.time_scale, seed=args.seed,
                          mode=args.mode, name=args.name, out=args.out, sample_every_s=args.sample_every,
                          router_args=router_args, model=args.model,  # type: ignore[arg-type]
-                         max_total_tokens=args.max_total_tokens, engine_threads=args.engine_threads)
+                         max_total_tokens=args.max_total_tokens, engine_threads=args.engine_threads,
+                         rollout=rollout)
     except ValueError as e:
         print(f"thunder-sgl bench: {e}", file=sys.stderr)
         return 2

@@ -9,6 +9,7 @@ clock runs S times faster than real time (``--time-scale S`` / ``--thunder-time-
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -70,6 +71,15 @@ class SchedulerConfig:
     """When the head of the queue has waited this long and fits nowhere, nothing behind it is
     placed until it fits (head-of-line reservation: bounds every program's wait)."""
 
+    groups: bool = True
+    """Count group members' shared task prompt once per backend, place members together when
+    that saves its prefill, and age groups in the queue (``groups``; thunder-paper: off)."""
+
+    group_bonus_seconds: float = 120.0
+    """Restore order: a waiting group member gets ``done share × this`` on top of its class
+    bonus, where ``done share`` is the share of its group's members already finished, so a
+    group's last members go before newer work (a training step waits for the whole group)."""
+
     default_output_tokens: int = 256
     """Expected output per step for a program with no history yet."""
 
@@ -122,6 +132,7 @@ class SchedulerConfig:
         _check(0 <= self.host_weight <= 1 and 0 <= self.storage_weight <= 1, "tier weights must be in [0, 1]")
         _check(self.held_bonus_seconds >= self.idle_bonus_seconds >= 0, "need held_bonus >= idle_bonus >= 0")
         _check(self.reserve_after_seconds >= 0, "scheduler.reserve_after_seconds must be >= 0")
+        _check(self.group_bonus_seconds >= 0, "scheduler.group_bonus_seconds must be >= 0")
         _check(self.default_output_tokens >= 1, "scheduler.default_output_tokens must be >= 1")
         _check(0 < self.output_ema_alpha <= 1, "scheduler.output_ema_alpha must be in (0, 1]")
         _check(self.kick_min_interval_seconds >= 0, "scheduler.kick_min_interval_seconds must be >= 0")
@@ -132,7 +143,8 @@ class SchedulerConfig:
         _check(0 < self.admission_max_step <= 1 and 0 <= self.max_overcommit <= 4, "admission_max_step in (0, 1], max_overcommit in [0, 4]")
         _check(0 < self.cost_ema_alpha <= 1, "scheduler.cost_ema_alpha must be in (0, 1]")
 
-    _TIME_FIELDS = ("tick_seconds", "held_bonus_seconds", "idle_bonus_seconds", "reserve_after_seconds", "kick_min_interval_seconds")
+    _TIME_FIELDS = ("tick_seconds", "held_bonus_seconds", "idle_bonus_seconds", "reserve_after_seconds", "kick_min_interval_seconds",
+                    "group_bonus_seconds")
 
 
 @dataclass(frozen=True)
@@ -151,7 +163,22 @@ class ProgramsConfig:
     size_ema_alpha: float = 0.3
     """Smoothing of a program's learned characters per token."""
 
+    group_id_pattern: str | None = None
+    """Derive a program's group from its id when the request names none: a regular expression
+    matched at the start of the program id; the group id is its first capture group (or the
+    whole match). E.g. ``^(.+)-s\\d+$`` makes ``task7-s3`` a member of ``task7``. None: no
+    derivation."""
+
+    completed_groups_kept: int = 1000
+    """Completed groups kept for ``GET /groups`` (their members' completion times)."""
+
     def __post_init__(self) -> None:
+        if self.group_id_pattern is not None:
+            try:
+                re.compile(self.group_id_pattern)
+            except re.error as e:
+                raise ConfigError(f"programs.group_id_pattern is not a valid regular expression: {e}") from None
+        _check(self.completed_groups_kept >= 0, "programs.completed_groups_kept must be >= 0")
         _check(self.idle_timeout_seconds > 0, "programs.idle_timeout_seconds must be > 0")
         _check(self.max_programs >= 1, "programs.max_programs must be >= 1")
         _check(self.chars_per_token > 0, "programs.chars_per_token must be > 0")

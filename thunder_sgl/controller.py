@@ -32,7 +32,8 @@ from collections.abc import Iterable
 
 from thunder_sgl.backends.backend import Backend
 from thunder_sgl.config import RouterConfig, SchedulerConfig
-from thunder_sgl.errors import Conflict, NoBackend, NotFound, Overloaded
+from thunder_sgl.errors import BadRequest, Conflict, NoBackend, NotFound, Overloaded
+from thunder_sgl.groups import GroupTable
 from thunder_sgl.kvrefs import KVRefs
 from thunder_sgl.programs import Program, ProgramState, ProgramTable, Usage
 from thunder_sgl.scheduler import Decisions, apply, least_loaded, make_policy
@@ -52,7 +53,7 @@ class Controller:
         self.sched: SchedulerConfig = self.policy.cfg
         self.kvrefs = KVRefs(self.sched.session_refs)
         """The one source of scheduling parameters: the configuration as the policy adjusted it."""
-        self.programs = ProgramTable()
+        self.programs = ProgramTable(GroupTable(config.programs.completed_groups_kept))
         self.backends: dict[str, Backend] = {}
         self.stats = Stats()
         self._held: dict[str, deque[Ticket]] = {}
@@ -102,6 +103,11 @@ class Controller:
         p = self.programs.get(t.program_id)
         if p is None:
             p = self._create(t, now)
+        elif t.group_id is not None and (p.group is None or p.group.id != t.group_id):
+            raise BadRequest(
+                f"program {p.id!r} is {'in group ' + repr(p.group.id) if p.group else 'in no group'}; "
+                f"a program joins its group with its first request and stays in it (got {t.group_id!r})",
+                param="group_id", code="group_mismatch")
         elif p.in_flight or p.held:
             raise Conflict(
                 f"program {p.id!r} already has a request {'in flight' if p.in_flight else 'waiting'}; "
@@ -158,6 +164,9 @@ class Controller:
             cpt = t.prompt_chars / usage.prompt_tokens
             a = self.cfg.programs.size_ema_alpha
             p.chars_per_token = cpt if p.chars_per_token <= 0 else p.chars_per_token + a * (cpt - p.chars_per_token)
+        if first and p.group is not None and p.group.first_step(
+                min(usage.cached_tokens, usage.prompt_tokens), p.shared_prefix_tokens if p.prefix_key else 0):
+            return  # cached beyond the system prompt: the group's task prompt (``Group.first_step``)
         if first and p.prefix_key and usage.cached_tokens > 0:
             learned = min(usage.cached_tokens, usage.prompt_tokens)
             if learned > self._prefix_tokens.get(p.prefix_key, 0):
@@ -330,7 +339,10 @@ class Controller:
         if self.programs.waiting_count >= g.max_waiting_programs:
             raise Overloaded(f"{self.programs.waiting_count} programs already wait for admission (max_waiting_programs)",
                              retry_after=g.retry_after_seconds)
-        p = self.programs.create(t.program_id, now)  # type: ignore[arg-type]
+        cpt = self.cfg.programs.chars_per_token
+        p = self.programs.create(t.program_id, now, t.group_id, int(t.group_chars / cpt))  # type: ignore[arg-type]
+        if p.group is not None and self.sched.groups:
+            p.group_key = p.group.key
         if t.prefix_key:
             p.prefix_key = t.prefix_key
             p.shared_prefix_tokens = self._prefix_tokens.get(

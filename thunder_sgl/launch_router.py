@@ -44,6 +44,8 @@ def add_thunder_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--thunder-lambda-max", type=float, default=None, help="override scheduler.lambda_max")
     g.add_argument("--thunder-lambda-min", type=float, default=None, help="override scheduler.lambda_min")
     g.add_argument("--thunder-idle-timeout-secs", type=float, default=None, help="override programs.idle_timeout_seconds")
+    g.add_argument("--thunder-group-id-pattern", default=None,
+                   help="override programs.group_id_pattern: derive a group from the program id (regex, first capture group)")
     g.add_argument("--thunder-admin-api-key", default=None, help="key for admin routes (workers, flush, listing/releasing all programs)")
     g.add_argument("--thunder-sandbox-provider", default=None, choices=["docker", "local", "none", "auto"],
                    help="override sandboxes.provider")
@@ -127,6 +129,7 @@ def serve(args: argparse.Namespace, argv: Sequence[str]) -> None:
         "scheduler.lambda_max": args.thunder_lambda_max,
         "scheduler.lambda_min": args.thunder_lambda_min,
         "programs.idle_timeout_seconds": args.thunder_idle_timeout_secs,
+        "programs.group_id_pattern": args.thunder_group_id_pattern,
         "sandboxes.provider": args.thunder_sandbox_provider,
     }
     cfg = cfg.with_overrides({k: v for k, v in overrides.items() if v is not None}).scaled(args.thunder_time_scale)

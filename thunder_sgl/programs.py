@@ -19,6 +19,8 @@ import enum
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from thunder_sgl.groups import Group, GroupTable
+
 
 class ProgramState(enum.Enum):
     ACTIVE = "active"
@@ -68,6 +70,10 @@ class Program:
     """Identity of the shared prefix (e.g. a hash of the system prompt)."""
     shared_prefix_tokens: int = 0
     """Tokens of the shared prefix, counted once per backend."""
+    group: Group | None = None
+    """The group (RL task) the program is a sample of (``groups``), from its first request."""
+    group_key: str | None = None
+    """The group's prefix key when the policy counts group prompts (else None)."""
     chars_per_token: float = 0.0
     """Learned from usage; 0 until the first response."""
     steps: int = 0
@@ -245,7 +251,8 @@ class ProgramTable:
     the Program directly. Terminated programs are dropped; their ids may be reused.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, groups: GroupTable | None = None) -> None:
+        self.groups = groups if groups is not None else GroupTable()
         self._programs: dict[str, Program] = {}
         self._on: dict[str, dict[str, Program]] = {}
         self._waiting: dict[str, Program] = {}
@@ -284,10 +291,14 @@ class ProgramTable:
         return len(self._waiting)
 
     # ---- transitions --------------------------------------------------------------------
-    def create(self, pid: str, now: float) -> Program:
+    def create(self, pid: str, now: float, group_id: str | None = None, group_tokens: int = 0) -> Program:
+        """A new program, queued; ``group_id`` makes it a member of that group (created by its
+        first member, ``group_tokens`` the estimated task prompt)."""
         if pid in self._programs:
             raise InvalidTransition(f"program {pid!r} already exists")
         p = Program(id=pid, created_at=now, last_active=now, acting_since=now, waiting_since=now)
+        if group_id is not None:
+            p.group = self.groups.join(group_id, now, group_tokens)
         self._programs[pid] = p
         self._waiting[pid] = p
         return p
@@ -317,6 +328,8 @@ class ProgramTable:
         self._waiting.pop(pid, None)
         if p.state is not ProgramState.TERMINATED:
             p.release(now)
+        if p.group is not None:
+            self.groups.leave(p.group, now)
         return p
 
     def _unindex(self, pid: str, key: str | None) -> None:

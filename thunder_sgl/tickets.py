@@ -29,6 +29,10 @@ class Ticket:
     """Exact prompt tokens when the client sent token ids."""
     prefix_key: str | None = None
     prefix_chars: int = 0
+    group_id: str | None = None
+    """The group (RL task) the program is a sample of (``groups``), if the request names one."""
+    group_chars: int = 0
+    """Size of the task prompt the group's members share beyond the system prompt."""
     created: float = 0.0
     backend: Backend | None = None
     """Set when dispatched."""

@@ -30,6 +30,8 @@ def test_the_example_rolls_out_through_two_weight_updates_on_its_own_simulated_c
     assert out["failed"] == [] and out["programs_left"] == 0 and out["weight_updates"] == 2
     assert out["requests_answered"] == 8 * 6 + out["resent_after_abort"]
     assert out["router_weight_version"] == "step-2" and "step-2" in out["weight_versions_seen"]
+    # 8 trajectories in groups of 4: both groups completed, reported by the router
+    assert (out["groups_completed"], out["groups_live"]) == (2, 0) and out["group_spread_max_seconds"] >= 0
 
 
 def test_the_example_aborts_slow_requests_by_rid_through_the_router(spawn, capsys):

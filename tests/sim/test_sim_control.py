@@ -160,3 +160,25 @@ async def test_release_of_a_busy_engine_is_refused(sim: Sim) -> None:
     assert status == 400 and "idle" in str(out) and not sim.worker.released
     await post(sim, "/abort_request", {"rid": "busy"})
     assert (await task)["meta_info"]["finish_reason"]["type"] == "abort"
+
+
+def test_a_retract_pause_during_a_prefill_sends_that_request_back_too() -> None:
+    """Regression: a request being prefilled when a retract pause came is neither running nor
+    queued; it was dropped (never answered) and its prefix stayed locked, so the weight update
+    that follows could not flush the cache."""
+    from simkit import drain, tokens
+
+    from thunder_sgl.sim import SimRequest, control
+
+    w = SimWorker(unit_config())
+    e = w.engines[0]
+    w.submit(SimRequest("a", tokens(4000), 10), 0.0)
+    assert w.advance(0.0) == []
+    assert e.next_event_time() is not None and e.next_event_time() > 0.001  # one prefill iteration
+    control.pause(w, "retract", 0.001)  # in the middle of it
+    assert [r.rid for r in e.waiting] == ["a"] and e.cache.protected == 0
+    ok, _ = control.update_weights(w, "v2", flush=True)
+    assert ok and w.weight_version == "v2"
+    control.resume_generation(w, 0.002)
+    (done,) = drain(e)
+    assert done.rid == "a" and done.error is None and done.completion_tokens == 10

@@ -100,7 +100,7 @@ class DesRun:
         self.source = ProgramSource(self.profile, seed)
         self.agents: dict[str, Agent] = {}
         self.by_rid: dict[str, Agent] = {}
-        self.events: list[tuple[float, int, int, Agent]] = []
+        self.events: list[tuple[float, int, int, Agent | None]] = []
         self._seq = 0
         self._wheap: list[tuple[float, int]] = []
         self._queued: list[float | None] = [None] * nodes
@@ -108,6 +108,8 @@ class DesRun:
         self.counts = {"started": 0, "completed": 0, "failed": 0, "requests": 0, "answered": 0, "refused": 0,
                        "overflow": 0}
         self.window_steps = 0
+        self.finished = False
+        """Set by a driver whose workload is done (``des_rollout``): the run stops there."""
         self.prompt_total = self.cached_total = 0
         self._warm: dict[str, float] | None = None
         """Engine counters summed over workers when the window opened."""
@@ -154,7 +156,7 @@ class DesRun:
                 self.rec.held.append((now, held))
 
     # ---- agents -------------------------------------------------------------------------
-    def _push(self, t: float, kind: int, a: Agent) -> None:
+    def _push(self, t: float, kind: int, a: Agent | None) -> None:
         self._seq += 1
         heapq.heappush(self.events, (t, self._seq, kind, a))
 
@@ -231,11 +233,22 @@ class DesRun:
         self._start_program(now)
 
     # ---- the loop -----------------------------------------------------------------------
+    def _begin(self, now: float) -> None:
+        """The start of the run: ``programs`` programs at once (closed loop)."""
+        for _ in range(self.programs):
+            self._start_program(now)
+
+    def _event(self, kind: int, a: Any, now: float) -> None:
+        """An event of the agents' heap (drivers add kinds of their own)."""
+        if kind == TOOL_END:
+            self._tool_end(a, now)
+        elif a.pid in self.agents:
+            self._issue(a, now)
+
     def run(self) -> RunResult:
         wall0 = time.perf_counter()
         end = self.rec.end_s
-        for _ in range(self.programs):
-            self._start_program(0.0)
+        self._begin(0.0)
         next_sample, next_progress = 0.0, 0.0
         router, wheap, events = self.router, self._wheap, self.events
         while True:
@@ -243,7 +256,7 @@ class DesRun:
             te = events[0][0] if events else math.inf
             tr = max(router.next_time(), self.now)  # a tick due in the past runs now
             t = min(tw, te, tr, next_sample, next_progress)
-            if t > end:
+            if t > end or self.finished:
                 break
             self.now = t
             while wheap and wheap[0][0] <= t:
@@ -260,11 +273,8 @@ class DesRun:
                 for a in expired:
                     self._refused(a, "held_timeout", t, router_retry_after(router))
             while events and events[0][0] <= t:
-                _, _, kind, a = heapq.heappop(events)
-                if kind == TOOL_END:
-                    self._tool_end(a, t)
-                elif a.pid in self.agents:
-                    self._issue(a, t)
+                _, _, kind, ev = heapq.heappop(events)
+                self._event(kind, ev, t)
             router.after(t)
             if self._warm is None and t >= self.rec.warmup_s:
                 self._warm = self._engine_totals(t)
@@ -275,7 +285,7 @@ class DesRun:
                 if self.progress is not None:
                     self.progress(t, self.snapshot())
                 next_progress = t + PROGRESS_EVERY_S
-        self.now = end
+        self.now = min(end, self.now) if self.finished else end
         self.wall_s = time.perf_counter() - wall0
         result = self.result()
         self.final_ledger = self.ledger()

@@ -93,8 +93,10 @@ class ThunderRouter:
 
     # ---- request path -------------------------------------------------------------------
     def send(self, agent: Any, prompt_tokens: int, now: float) -> list[Dispatch]:
+        spec = agent.spec
         t = Ticket(agent.pid, prompt_chars=CHARS_PER_TOKEN * prompt_tokens,
-                   prefix_key=self.prefix_key, prefix_chars=self.prefix_chars)
+                   prefix_key=self.prefix_key, prefix_chars=self.prefix_chars, group_id=spec.group_id,
+                   group_chars=CHARS_PER_TOKEN * spec.instance_tokens if spec.group_id else 0)
         t.waiter = agent
         try:
             b = self.ctl.submit(t, now)

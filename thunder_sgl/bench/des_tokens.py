@@ -10,7 +10,9 @@ assistant\\n``), so it is append-only and hits the radix cache token for token::
 
 Contents are random ids ≥ 2^24 (never special tokens): the system prompt is one sequence per
 profile (shared by all its programs, whatever the seed), the instance and the observations are
-drawn per program from ``(profile, seed, index)``, so runs are deterministic. The answers are
+drawn per program from ``(profile, seed, index)``, so runs are deterministic. The samples of one
+RL task (``ProgramSpec.task``, a group) share the task's instance, drawn from
+``(profile, seed, task)``: the group's members start with the same system + task prefix. The answers are
 the simulator's own ``output_ids``.
 """
 
@@ -75,7 +77,12 @@ class ProgramTokens:
     def __init__(self, layout: TokenLayout, spec: ProgramSpec, rng: np.random.Generator) -> None:
         self.spec = spec
         self.rng = rng
-        self.prompt = layout.shared_prefix + _ids(rng, spec.instance_tokens) + _END + _ASSISTANT
+        if spec.task is None:
+            instance = _ids(rng, spec.instance_tokens)
+        else:
+            instance = _ids(np.random.default_rng([layout._name_hash, layout.seed & 0xFFFFFFFF, 0x7A5C, spec.task]),
+                            spec.instance_tokens)
+        self.prompt = layout.shared_prefix + instance + _END + _ASSISTANT
         """Packed tokens of the next request."""
         self.step = 0
 

@@ -17,6 +17,10 @@ Modes:
   The router ``direct`` (no router: each client slot straight to one engine) is the
   request-level baseline; it runs in the other modes too.
 
+Rollouts (``--rollout sync|async``, ``bench.rollout``): RL rollouts of tasks × samples (groups)
+in batches or waves with weight updates on a timer; DES mode (``des_rollout``) and HTTP mode
+(``harness_rollout``). Per batch: makespan, steps/min, completion, group spread, requests lost.
+
 A router that fails to start or a run that errors is recorded (``errors["run_failed"]`` and a
 note) and the sweep goes on; results are rewritten after every run, so an interrupted sweep
 (Ctrl-C stops every process) still leaves its finished runs in ``results.json``.
@@ -41,6 +45,7 @@ from thunder_sgl.bench.harness_progress import LiveProgress, Progress
 from thunder_sgl.bench.ideal import ideal_steps_per_min as physical_bound
 from thunder_sgl.bench.report import FAILED, load_meta, load_results, write_report
 from thunder_sgl.bench.results import ALL_ROUTERS, ROUTERS, RunResult
+from thunder_sgl.bench.rollout import RolloutSpec
 from thunder_sgl.bench.workload import WorkloadProfile, load_profile
 
 if TYPE_CHECKING:
@@ -90,6 +95,9 @@ class BenchSpec:
     """Real mode: KV pool of each engine in tokens."""
     engine_threads: int | None = None
     """Real mode: torch threads of each engine (None: all cores)."""
+    rollout: RolloutSpec | None = None
+    """An RL rollout instead of the closed loop (``bench.rollout``). Sync: ``programs`` is the
+    batch (tasks × group size), ``duration_s`` a cap on the simulated time, no warm-up."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -105,6 +113,10 @@ class BenchSpec:
             raise ValueError("need nodes >= 1, duration > 0, warmup >= 0, time scale > 0")
         if self.mode == "real" and self.time_scale != 1.0:
             raise ValueError("real mode runs in real time: --time-scale must be 1")
+        if self.rollout is not None and self.rollout.mode == "sync" and (
+                self.programs != (self.rollout.batch_programs,) or self.warmup_s):
+            raise ValueError("a sync rollout runs batches of tasks x group size programs from t = 0: "
+                             "programs must be that one number and warm-up 0")
 
     @property
     def cluster_name(self) -> str:
@@ -122,7 +134,8 @@ class BenchSpec:
 
     @property
     def results_name(self) -> str:
-        return self.name or f"{Path(self.profile).stem}-{self.cluster_name}-{self.nodes}n-{self.mode}"
+        kind = f"rollout-{self.rollout.mode}-" if self.rollout is not None else ""
+        return self.name or f"{kind}{Path(self.profile).stem}-{self.cluster_name}-{self.nodes}n-{self.mode}"
 
     @property
     def results_dir(self) -> Path:
@@ -233,9 +246,16 @@ def _des_run(spec: BenchSpec, profile: WorkloadProfile, router: str, programs: i
     try:
         from thunder_sgl.bench.des import run_des
 
-        r = run_des(spec.cluster, spec.nodes, router, profile, programs, spec.duration_s,
-                    warmup_s=spec.warmup_s, seed=spec.seed, sample_every_s=spec.sample_every_s,
-                    progress=_des_progress(progress))
+        if spec.rollout is not None:
+            from thunder_sgl.bench.des_rollout import RolloutRun
+
+            r = RolloutRun(spec.cluster, spec.nodes, router, profile, programs, spec.duration_s,
+                           warmup_s=spec.warmup_s, seed=spec.seed, sample_every_s=spec.sample_every_s,
+                           progress=_des_progress(progress), rollout=spec.rollout).run()
+        else:
+            r = run_des(spec.cluster, spec.nodes, router, profile, programs, spec.duration_s,
+                        warmup_s=spec.warmup_s, seed=spec.seed, sample_every_s=spec.sample_every_s,
+                        progress=_des_progress(progress))
         r.cluster = spec.cluster_name
         if not r.ideal_steps_per_min:
             r.ideal_steps_per_min = ideal

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from thunder_sgl.bench import rollout_report
 from thunder_sgl.bench.results import ALL_ROUTERS, RunResult
 
 FAILED = "run_failed"
@@ -132,6 +133,7 @@ def markdown(results: Sequence[RunResult], meta: dict[str, Any] | None = None) -
             lines += ["Notes:", ""]
             lines += [f"- {r.router} N={r.programs}: {r.notes}" for r in notes]
             lines.append("")
+    lines += rollout_report.markdown(results)
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -297,6 +299,9 @@ def write_report(results: Sequence[RunResult], out_dir: str | Path,
     paths = [write_csv(results, out / "results.csv"), write_json(results, out / "results.json", meta)]
     (out / "results.md").write_text(markdown(results, meta))
     paths.append(out / "results.md")
+    rollout_csv = rollout_report.write_csv(results, out / "rollout.csv")
+    if rollout_csv is not None:
+        paths.append(rollout_csv)
     ok = [r for r in results if not failed(r)]
     if not ok or not plots:
         return paths

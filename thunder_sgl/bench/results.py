@@ -71,6 +71,9 @@ class RunResult:
     memory: list[tuple[float, list[float]]] = field(default_factory=list)
     """(time, per-node HBM used/capacity) samples, for the per-node memory plot."""
     notes: str = ""
+    rollout: dict[str, Any] = field(default_factory=dict)
+    """Rollout runs (``bench.rollout``): mode, windows, requests lost, per batch (sync) or per
+    group (async) measures; empty for the closed-loop benchmark."""
 
     CSV_FIELDS = (
         "router", "mode", "programs", "nodes", "cluster", "profile", "seed", "window_s", "steps_per_min",

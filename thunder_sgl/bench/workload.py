@@ -123,6 +123,11 @@ class ProgramSpec:
     system_prompt_tokens: int
     instance_tokens: int
     steps: tuple[StepSpec, ...]
+    group_id: str | None = None
+    """The group (RL task) this program is a sample of (``bench.rollout``); None: no group."""
+    task: int | None = None
+    """Index of the task whose instance the program shares with its group (its token ids are
+    the task's, ``des_tokens``); None: the instance is the program's own."""
 
     def prompt_tokens_at(self, step: int) -> int:
         """Nominal prompt tokens of LLM call ``step``: system + instance + every earlier output
@@ -149,12 +154,16 @@ def program_rng(seed: int, index: int) -> random.Random:
     return random.Random(int.from_bytes(digest[:8], "big"))
 
 
-def program_at(profile: WorkloadProfile, seed: int, index: int) -> ProgramSpec:
-    """Program ``index`` of the sequence named by ``(profile, seed)``: a pure function."""
+def program_at(profile: WorkloadProfile, seed: int, index: int, instance_tokens: int | None = None) -> ProgramSpec:
+    """Program ``index`` of the sequence named by ``(profile, seed)``: a pure function.
+    ``instance_tokens`` replaces the drawn instance size (a sample of a task whose instance is
+    given); every other draw is unchanged."""
     if index < 0:
         raise ValueError(f"program index must be >= 0, got {index}")
     rng = program_rng(seed, index)
     instance = max(0, round(profile.instance_tokens.sample(rng)))
+    if instance_tokens is not None:
+        instance = instance_tokens
     n = max(1, round(profile.steps.sample(rng)))
     steps = []
     for _ in range(n):

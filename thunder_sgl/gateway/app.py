@@ -23,6 +23,7 @@ from thunder_sgl.gateway.engine_control import EngineControl
 from thunder_sgl.gateway.http import BodyLimit, error_response
 from thunder_sgl.gateway.routes_admin import build_admin_router
 from thunder_sgl.gateway.routes_engine import build_engine_router
+from thunder_sgl.gateway.routes_groups import build_groups_router
 from thunder_sgl.gateway.routes_openai import FastPath, InferenceHandler, build_inference_router
 from thunder_sgl.gateway.routes_programs import build_programs_router
 from thunder_sgl.gateway.runtime import Gateway, Settings
@@ -71,6 +72,7 @@ def create_app(config: RouterConfig, settings: Settings) -> FastPath:
     handler = InferenceHandler(gw)
     app.include_router(build_inference_router(handler))
     app.include_router(build_programs_router(gw))
+    app.include_router(build_groups_router(gw))
     engines = EngineControl(gw)
     app.include_router(build_admin_router(gw, engines))
     app.include_router(build_engine_router(gw, engines))

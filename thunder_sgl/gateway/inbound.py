@@ -1,9 +1,10 @@
 """Pure parsing of inference requests: validate, find the program id, size the prompt.
 
 Takes the raw body bytes and headers of ``/v1/chat/completions``, ``/v1/completions`` or
-``/generate``; returns an ``Inbound`` with the body to forward (``program_id`` stripped), the
-program id, the prompt size and the shared-prefix identity — or raises ``BadRequest`` naming
-the offending field. Only what routing needs is checked here; the worker validates the rest.
+``/generate``; returns an ``Inbound`` with the body to forward (``program_id`` and ``group_id``
+stripped), the program id, its group (body field ``group_id``, header ``X-Group-Id``, or derived
+from the program id by ``programs.group_id_pattern``), the prompt size and the shared-prefix
+identity — or raises ``BadRequest`` naming the offending field. Only what routing needs is checked here; the worker validates the rest.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from thunder_sgl.errors import BadRequest
 
 PROGRAM_ID_RE = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,256}$")
 PROGRAM_HEADERS = ("x-program-id", "x-smg-routing-key")
+GROUP_HEADER = "x-group-id"
 PREFIX_PROBE_CHARS = 1024
 
 
@@ -35,19 +37,47 @@ class Inbound:
     prompt_tokens: int | None
     prefix_key: str | None
     prefix_chars: int
+    group_id: str | None = None
+    group_chars: int = 0
+    """Characters of the task prompt a group shares beyond the system prompt (chat: the first
+    user message; 0 where unknown, then learned from the engine's cached tokens)."""
 
 
-def check_program_id(value: Any, where: str) -> str:
+def check_program_id(value: Any, where: str, field: str = "program_id") -> str:
+    """A program (or group: ``field="group_id"``) id: 1-256 characters of a safe set."""
+    code = f"invalid_{field}"
     if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise BadRequest(f"{where} must be a string", param="program_id", code="invalid_program_id")
+        raise BadRequest(f"{where} must be a string", param=field, code=code)
     pid = str(value)
     if not PROGRAM_ID_RE.match(pid):
         raise BadRequest(
             f"{where} must be 1-256 characters of letters, digits and ._:@/+=- (got {pid[:40]!r})",
-            param="program_id",
-            code="invalid_program_id",
+            param=field,
+            code=code,
         )
     return pid
+
+
+def group_of(body: dict[str, Any], headers: dict[str, str], pid: str | None,
+             pattern: re.Pattern[str] | None) -> str | None:
+    """The request's group: body ``group_id`` (removed from the body), else header
+    ``X-Group-Id``, else derived from the program id by ``pattern``. A group needs a program."""
+    gid: str | None = None
+    if "group_id" in body:
+        raw = body.pop("group_id")
+        if raw is not None:
+            gid = check_program_id(raw, "'group_id'", "group_id")
+    if gid is None and headers.get(GROUP_HEADER):
+        gid = check_program_id(headers[GROUP_HEADER], f"header {GROUP_HEADER}", "group_id")
+    if gid is not None and pid is None:
+        raise BadRequest("a group_id needs a program_id: a group is made of programs", param="group_id",
+                         code="invalid_group_id")
+    if gid is None and pid is not None and pattern is not None:
+        m = pattern.match(pid)
+        if m is not None:
+            derived = m.group(1) if pattern.groups else m.group(0)
+            gid = derived if derived and PROGRAM_ID_RE.match(derived) else None
+    return gid
 
 
 def _content_chars(content: Any, where: str) -> int:
@@ -94,8 +124,10 @@ def _check_common(body: dict[str, Any], route: str) -> tuple[bool, bool]:
     return stream, include_usage
 
 
-def parse_inbound(route: str, raw: bytes, headers: dict[str, str]) -> Inbound:
-    """Validate and size one inference request. ``headers`` keys must be lower-case."""
+def parse_inbound(route: str, raw: bytes, headers: dict[str, str],
+                  group_pattern: re.Pattern[str] | None = None) -> Inbound:
+    """Validate and size one inference request. ``headers`` keys must be lower-case;
+    ``group_pattern``: ``programs.group_id_pattern``, compiled."""
     if not raw.strip():
         raise BadRequest("request body is empty; expected a JSON object", code="invalid_json")
     try:
@@ -115,6 +147,8 @@ def parse_inbound(route: str, raw: bytes, headers: dict[str, str]) -> Inbound:
             if headers.get(h):
                 pid = check_program_id(headers[h], f"header {h}")
                 break
+    gid = group_of(body, headers, pid, group_pattern)
+    group_chars = 0
 
     prompt_tokens: int | None = None
     prefix_key, prefix_chars = None, 0
@@ -133,6 +167,9 @@ def parse_inbound(route: str, raw: bytes, headers: dict[str, str]) -> Inbound:
         first = msgs[0]
         if first.get("role") in ("system", "developer") and isinstance(first.get("content"), str):
             prefix_key, prefix_chars = prefix_key_of(first["content"]), len(first["content"])
+        if gid is not None:
+            task = next((m for m in msgs if m.get("role") == "user"), None)
+            group_chars = _content_chars(task.get("content"), "messages") if task is not None else 0
     elif route == "completions":
         stream, include_usage = _check_common(body, route)
         prompt = body.get("prompt")
@@ -157,7 +194,8 @@ def parse_inbound(route: str, raw: bytes, headers: dict[str, str]) -> Inbound:
             prefix_key = prefix_key_of(head)
     else:  # pragma: no cover - routes are fixed
         raise ValueError(route)
-    return Inbound(route, body, pid, stream, include_usage, chars, prompt_tokens, prefix_key, prefix_chars)
+    return Inbound(route, body, pid, stream, include_usage, chars, prompt_tokens, prefix_key, prefix_chars,
+                   gid, group_chars)
 
 
 def _prompt_size(prompt: Any, field: str) -> tuple[int, int | None, str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from functools import partial
 from typing import Any
 
@@ -32,6 +33,7 @@ _COMMON: dict[str, Any] = {
     "max_tokens": {"type": "integer", "minimum": 0},
     "stream": {"type": "boolean"},
     "program_id": {"type": "string", "description": "Agent program this request belongs to (or header X-Program-Id)."},
+    "group_id": {"type": "string", "description": "Group (RL task) the program is a sample of (or header X-Group-Id)."},
 }
 SCHEMAS: dict[str, dict[str, Any]] = {
     "chat": {"type": "object", "required": ["messages"],
@@ -56,6 +58,8 @@ class InferenceHandler:
         self.gw = gw
         self.forwarded = frozenset(h.lower() for h in gw.settings.request_id_headers) | {"traceparent", "tracestate"}
         self.counters: dict[tuple[str, int], Any] = {}
+        pattern = gw.controller.cfg.programs.group_id_pattern
+        self.group_pattern = re.compile(pattern) if pattern else None
 
     async def __call__(self, request: Request, route: str) -> Response:
         gw = self.gw
@@ -64,9 +68,9 @@ class InferenceHandler:
             check_key(request, gw.settings.api_key, "API key")
             raw = await read_body(request, gw.max_body)
             headers = {k.lower(): v for k, v in request.headers.items()}
-            inbound = parse_inbound(route, raw, headers)
+            inbound = parse_inbound(route, raw, headers, self.group_pattern)
             t = Ticket(inbound.program_id, inbound.prompt_chars, inbound.prompt_tokens,
-                       inbound.prefix_key, inbound.prefix_chars)
+                       inbound.prefix_key, inbound.prefix_chars, inbound.group_id, inbound.group_chars)
             if "rid" not in inbound.body:
                 inbound.body["rid"] = gw.new_rid()
             if isinstance(inbound.body["rid"], str):

@@ -28,6 +28,7 @@ def describe(p: Program, now: float, wall_offset: float, sandboxes: dict[str, An
         "id": p.id,
         "state": p.state.value if p.admitted else "new",
         "phase": p.phase.value,
+        "group": p.group.id if p.group is not None else None,
         "backend": p.backend,
         "prev_backend": p.prev_backend,
         "context_tokens": p.context_tokens,

@@ -3,11 +3,14 @@
 For backend b (design.md), with the per-program quantities of ``cost``::
 
     D_b = Σ_p w_p·private_p + Σ_{prefix keys present on b} prefix_tokens_key
+
+where the prefix keys are the system prompts and the groups' task prompts (``groups``): a
+group member carries both, so its group's task prompt is counted once per backend too.
     R_b = Σ_{p gated} hbm_p                    (the HBM condition's ``used``, see ``gate``)
 
 ``BackendLoad`` is a small mutable accumulator used inside one tick: programs are added,
 removed (paused) and placed (restored) and the totals stay exact, including the shared
-prefix, which is freed only when the last program of its key leaves the backend. Its limits
+prefixes, each freed only when the last program of its key leaves the backend. Its limits
 are the watermarks of the pool (``limit_hi``, ``limit_lo``) and of HBM (``hbm_limit``),
 set by the tick from the policy and the backend's admission state.
 """
@@ -32,14 +35,6 @@ class Member:
     weight: float
     private: float
     """Weighted private tokens: w·(c − s)."""
-
-    @property
-    def key(self) -> str | None:
-        return self.cost.prefix_key
-
-    @property
-    def shared(self) -> int:
-        return self.cost.prefix_tokens
 
     @property
     def reasoning_tokens(self) -> float:
@@ -111,6 +106,15 @@ class BackendLoad:
                     demand += pc.prefix_tokens
                 else:
                     counts[key] = cnt + 1
+            key = pc.group_key
+            if key:
+                cnt = counts.get(key)
+                if cnt is None:
+                    counts[key] = 1
+                    shared[key] = pc.group_tokens
+                    demand += pc.group_tokens
+                else:
+                    counts[key] = cnt + 1
         self.progs.extend(progs)
         self.demand += demand
         self.reasoning += reasoning
@@ -131,42 +135,57 @@ class BackendLoad:
 
     def add(self, m: Member) -> None:
         self.active += 1
-        self.demand += m.private + self.shared_added(m.key, m.shared)
+        self.demand += m.private + self.shared_added(m.cost)
         self.reasoning += m.reasoning_tokens
-        if m.key:
-            if m.key not in self.key_counts:
-                self.key_shared[m.key] = m.shared
-            self.key_counts[m.key] = self.key_counts.get(m.key, 0) + 1
+        pc = m.cost
+        for key, tokens in ((pc.prefix_key, pc.prefix_tokens), (pc.group_key, pc.group_tokens)):
+            if key:
+                n = self.key_counts.get(key, 0)
+                if not n:
+                    self.key_shared[key] = tokens
+                self.key_counts[key] = n + 1
 
     def remove(self, m: Member) -> None:
         """Take ``m`` out of the totals (it stays in ``members``; callers track the pause set)."""
         self.active -= 1
-        self.demand -= m.private + self.shared_freed(m.key)
+        self.demand -= m.private + self.shared_freed(m.cost)
         self.reasoning -= m.reasoning_tokens
-        if m.key:
-            n = self.key_counts[m.key] - 1
-            if n:
-                self.key_counts[m.key] = n
-            else:
-                del self.key_counts[m.key]
-                del self.key_shared[m.key]
+        for key in (m.cost.prefix_key, m.cost.group_key):
+            if key:
+                n = self.key_counts[key] - 1
+                if n:
+                    self.key_counts[key] = n
+                else:
+                    del self.key_counts[key]
+                    del self.key_shared[key]
 
-    def shared_added(self, key: str | None, shared: int) -> int:
-        """Shared-prefix tokens a new member of ``key`` adds (0 if the key is present)."""
-        return shared if key and key not in self.key_counts else 0
+    def shared_added(self, pc: ProgramCost) -> int:
+        """Shared-prefix tokens a new program of ``pc`` adds: each of its prefixes (system
+        prompt, group task prompt) not yet present here."""
+        counts = self.key_counts
+        k, g = pc.prefix_key, pc.group_key
+        return ((pc.prefix_tokens if k and k not in counts else 0)
+                + (pc.group_tokens if g and g not in counts else 0))
 
-    def shared_freed(self, key: str | None) -> int:
-        """Shared-prefix tokens freed if one member of ``key`` leaves (only the last one frees)."""
-        if key and self.key_counts.get(key) == 1:
-            return self.key_shared[key]
-        return 0
+    def shared_freed(self, pc: ProgramCost) -> int:
+        """Shared-prefix tokens freed if one program of ``pc`` leaves (a prefix is freed only
+        by the last program of its key)."""
+        counts, out = self.key_counts, 0
+        for key in (pc.prefix_key, pc.group_key):
+            if key and counts.get(key) == 1:
+                out += self.key_shared[key]
+        return out
 
     def freed_by(self, m: Member) -> float:
-        return m.private + self.shared_freed(m.key)
+        return m.private + self.shared_freed(m.cost)
 
     def adds(self, pc: ProgramCost) -> float:
-        """Demand a placed program adds here: its private part, plus its prefix if new here."""
-        return pc.private + self.shared_added(pc.prefix_key, pc.prefix_tokens)
+        """Demand a placed program adds here: its private part, plus its prefixes if new here."""
+        return pc.private + self.shared_added(pc)
+
+    def holds(self, key: str) -> int:
+        """Programs counted here that carry prefix ``key``."""
+        return self.key_counts.get(key, 0)
 
     # ---- room ----------------------------------------------------------------------------
     def accepting(self) -> bool:

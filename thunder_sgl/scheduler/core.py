@@ -171,7 +171,7 @@ class ThunderScheduler:
         # the most valuable to keep (latest in the order) first.
         kept: list[Member] = []
         for m in reversed(chosen):
-            gain = m.private + load.shared_added(m.key, m.shared)
+            gain = m.private + load.shared_added(m.cost)
             if freed - gain >= excess - EPS:
                 load.add(m)
                 freed -= gain

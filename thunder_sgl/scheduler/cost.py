@@ -4,14 +4,16 @@ For a program p (design.md, "Scheduling model")::
 
     c_p       = max(context tokens, pending prompt tokens)    what it holds, or will once its
                                                               held or in-flight request runs
-    s_p       = min(shared prefix tokens, c_p)                its part of a prefix (a system
-                                                              prompt) shared with other programs
+    s_p       = min(shared prefix tokens + group tokens, c_p) its part of a prefix shared with
+                                                              other programs: the system prompt,
+                                                              and for a group member the task
+                                                              prompt its group shares (``groups``)
     private_p = c_p − s_p                                     its own KV
     hbm_p     = c_p + expected output                         the KV its request holds at the end
     gated_p   = reasoning or held                             its KV counts in the HBM condition
 
-The shared prefix is counted once per backend (``capacity.BackendLoad``), whatever number of
-programs use it. A program's weight in its backend's demand (1, or the decay ``x^(−k)`` of an
+Each shared prefix — a system prompt (``prefix_key``), a group's task prompt (``group_key``) —
+is counted once per backend (``capacity.BackendLoad``), whatever number of programs use it. A program's weight in its backend's demand (1, or the decay ``x^(−k)`` of an
 acting program after k whole ticks of tool time) is time-dependent and applied by the caller:
 ``weight(p, now, tick, table)``.
 
@@ -41,6 +43,11 @@ class ProgramCost(NamedTuple):
     """c + expected output: what a request of the program holds in HBM when it finishes."""
     gated: bool
     """Reasoning or held: the program's KV counts in its backend's HBM condition."""
+    group_key: str | None
+    """Prefix key of its group's task prompt (None outside a group, or groups not counted)."""
+    group_tokens: int
+    """The group's task prompt beyond the system prompt, added to a backend by the group's
+    first member there."""
 
 
 def expected_output(p: Program, default_output: float) -> float:
@@ -60,16 +67,17 @@ def program_cost(p: Program, default_output: float, prompt: int = 0) -> ProgramC
     if prompt > c:
         c = prompt
     key = p.prefix_key
-    if key:
-        full = p.shared_prefix_tokens
-        s = full if full < c else c
-    else:
-        full = s = 0
+    full = p.shared_prefix_tokens if key else 0
+    gkey = p.group_key
+    gt = p.group.prefix_tokens if gkey and p.group is not None else 0  # type: ignore[union-attr]
+    s = full + gt
+    if s > c:
+        s = c
     eo = p.expected_output_tokens
     # tuple.__new__: a named tuple built without its Python-level __new__ (this runs for every
     # program every tick).
     return _new(ProgramCost, (c, s, key, full, c - s, c + (eo if eo > 0 else default_output),
-                              p.phase is _REASONING or p.held > 0))
+                              p.phase is _REASONING or p.held > 0, gkey, gt))
 
 
 def decay_weights(cfg: SchedulerConfig) -> list[float]:

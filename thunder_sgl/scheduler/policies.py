@@ -4,12 +4,14 @@ A program policy is an entry of ``POLICIES``: a scheduler class (anything with t
 ``ProgramScheduler`` protocol) and the adjustment it makes to the configured
 ``SchedulerConfig``. A new scheduler is a new entry, not an edit of the controller.
 
-- ``thunder``: the full policy — tier-aware pool, HBM gate, and the admission level chosen
-  from the engine's measured costs (``admission``).
+- ``thunder``: the full policy — tier-aware pool, HBM gate, the admission level chosen from
+  the engine's measured costs (``admission``), and groups (``groups``: a group's task prompt
+  counted once per backend, members placed together by ``grouping.GroupPicker``, groups aged
+  in the queue).
 - ``thunder-fixed``: the same with the admission level fixed at the watermarks and no KV
   references (the default before the cost-based rule; kept for comparison).
 - ``thunder-paper``: the method as the ThunderAgent paper describes it: pool = HBM only, no
-  HBM gate, λ_max = λ_min = 1, fixed admission.
+  HBM gate, λ_max = λ_min = 1, fixed admission, no groups.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from thunder_sgl.config import SchedulerConfig
 from thunder_sgl.errors import ConfigError
 from thunder_sgl.programs import Program, ProgramTable
 from thunder_sgl.scheduler.core import Decisions, ThunderScheduler
+from thunder_sgl.scheduler.grouping import GroupPicker
 
 
 class ProgramScheduler(Protocol):
@@ -49,16 +52,21 @@ class PolicyEntry:
     help: str
 
 
+def thunder(cfg: SchedulerConfig, stale_after: float) -> ThunderScheduler:
+    """The thunder tick, with the group-aware placement stage when the policy counts groups."""
+    return ThunderScheduler(cfg, stale_after, GroupPicker() if cfg.groups else None)
+
+
 POLICIES: dict[str, PolicyEntry] = {
-    "thunder": PolicyEntry(ThunderScheduler, lambda cfg: cfg,
+    "thunder": PolicyEntry(thunder, lambda cfg: cfg,
                            "tier-aware pool, HBM gate, admission level from measured engine costs"),
     "thunder-fixed": PolicyEntry(
-        ThunderScheduler, lambda cfg: dataclasses.replace(cfg, admission="fixed", session_refs=False),
+        thunder, lambda cfg: dataclasses.replace(cfg, admission="fixed", session_refs=False),
         "thunder with the admission level fixed at the watermarks and no KV references (the earlier default)"),
     "thunder-paper": PolicyEntry(
         ThunderScheduler,
         lambda cfg: dataclasses.replace(cfg, tier_aware=False, lambda_max=1.0, lambda_min=1.0, admission="fixed",
-                                        session_refs=False),
+                                        session_refs=False, groups=False),
         "the paper's method: pool = HBM, no HBM gate, both watermarks at 1"),
 }
 

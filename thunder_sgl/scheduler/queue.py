@@ -3,9 +3,11 @@
 Order (best first): ``since − head start``, then fewer tokens, then id — ascending, so it is
 the same order as descending aging score ``waited + head start``. The head start is the
 restore class: a paused program with a held request (``held_bonus_seconds``) before an idle
-paused program (``idle_bonus_seconds``) before a new program (0). Aging makes every wait
-bounded: a program that has waited longer than anyone's head start ranks first whatever its
-class.
+paused program (``idle_bonus_seconds``) before a new program (0). A group member adds
+``group_bonus_seconds × done share`` (``groups``: the share of its group's members already
+finished), so the group ages as its members finish: a training step waits for the group's last
+member, and that member goes before newer work. Aging makes every wait bounded: a program that
+has waited longer than anyone's head start ranks first whatever its class.
 
 A program that has waited ``reserve_after_seconds`` and fits nowhere *reserves*: nothing behind
 it is placed, so capacity accumulates for it. ``build`` also drops entries that cannot fit this
@@ -84,6 +86,9 @@ def item(p: Program, cfg: SchedulerConfig, default_out: float) -> HeapItem | Non
     since = p.waiting_since if p.waiting_since is not None else p.created_at
     if p.admitted:
         since -= cfg.held_bonus_seconds if p.held else cfg.idle_bonus_seconds
+    g = p.group
+    if g is not None and g.done and cfg.groups:
+        since -= cfg.group_bonus_seconds * g.done_share
     pc = program_cost(p, default_out)
     return (since, pc.tokens, p.id, p, pc)
 
@@ -126,12 +131,16 @@ def build(waiting: Iterable[Program], cfg: SchedulerConfig, now: float, room: fl
     gate = cfg.tier_aware
     reserve_after = cfg.reserve_after_seconds
     held_bonus, idle_bonus = cfg.held_bonus_seconds, cfg.idle_bonus_seconds
+    group_bonus = cfg.group_bonus_seconds if cfg.groups else 0.0
     for p in waiting:
         held = p.held
         if not p.admitted and not held:
             continue
         waited_from = p.waiting_since if p.waiting_since is not None else p.created_at
         since = waited_from - (held_bonus if held else idle_bonus) if p.admitted else waited_from
+        g = p.group
+        if g is not None and g.done and group_bonus:
+            since -= group_bonus * g.done_share
         pc = program_cost(p, default_out)
         it = (since, pc.tokens, p.id, p, pc)
         need = pc.private

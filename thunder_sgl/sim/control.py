@@ -53,14 +53,17 @@ def _pause_engine(e: Engine, mode: str, now: float) -> None:
     if mode == "in_place":
         e._truncate(now)  # the step in progress ends; nothing starts after it
         return
-    # retract: the step in progress is dropped (its requests are prefilled again later)
+    # retract: the step in progress is dropped (its requests are prefilled again later) —
+    # those it was prefilling too: they are in neither the running list nor the queue
     p = e._plan
+    prefilling: list = []
     if p is not None:
         for r in p.decode:
             r.in_plan = False
+        prefilling = [r for r, _ in p.prefill if r is not e.chunked]
         e._plan = None
     e._t = max(e._t, now)
-    back = list(e.running) + ([e.chunked] if e.chunked is not None else [])
+    back = list(e.running) + prefilling + ([e.chunked] if e.chunked is not None else [])
     for r in back:
         release_kv(e, r)
     e.running = []

@@ -10,11 +10,20 @@ def backend(name: str, hbm: int, host: int = 0, storage: int = 0, inclusive: boo
     return Backend(f"http://{name}", 0, Tiers(hbm_tokens=hbm, host_tokens=host, storage_tokens=storage, host_inclusive=inclusive))
 
 
+def _create(table: ProgramTable, pid: str, now: float, group: tuple[str, int] | None) -> Program:
+    """``group``: (group id, task prompt tokens); the member counts its group's prompt."""
+    if group is None:
+        return table.create(pid, now)
+    p = table.create(pid, now, group[0], group[1])
+    p.group_key = p.group.key  # type: ignore[union-attr]
+    return p
+
+
 def active(table: ProgramTable, pid: str, b: Backend, ctx: int, *, now: float = 0.0,
            acting_since: float | None = None, reasoning: bool = False, held: int = 0,
-           prefix: tuple[str, int] | None = None) -> Program:
+           prefix: tuple[str, int] | None = None, group: tuple[str, int] | None = None) -> Program:
     """An admitted, active program on ``b`` with context ``ctx`` (exact, as from usage)."""
-    p = table.create(pid, now)
+    p = _create(table, pid, now, group)
     if prefix:
         p.prefix_key, p.shared_prefix_tokens = prefix
     table.admit(p, b.key, now)
@@ -29,9 +38,9 @@ def active(table: ProgramTable, pid: str, b: Backend, ctx: int, *, now: float = 
 
 
 def paused(table: ProgramTable, pid: str, prev: Backend | None, ctx: int, *, since: float = 0.0,
-           held: int = 0, prefix: tuple[str, int] | None = None) -> Program:
+           held: int = 0, prefix: tuple[str, int] | None = None, group: tuple[str, int] | None = None) -> Program:
     """An admitted program that was paused at ``since`` (last ran on ``prev``)."""
-    p = table.create(pid, since)
+    p = _create(table, pid, since, group)
     if prefix:
         p.prefix_key, p.shared_prefix_tokens = prefix
     table.admit(p, prev.key if prev else "http://gone", since)
@@ -44,9 +53,10 @@ def paused(table: ProgramTable, pid: str, prev: Backend | None, ctx: int, *, sin
     return p
 
 
-def new(table: ProgramTable, pid: str, prompt: int, *, since: float = 0.0) -> Program:
+def new(table: ProgramTable, pid: str, prompt: int, *, since: float = 0.0,
+        group: tuple[str, int] | None = None) -> Program:
     """A new program whose first request (``prompt`` tokens, estimated) is held."""
-    p = table.create(pid, since)
+    p = _create(table, pid, since, group)
     p.hold(since, prompt)
     return p
 
@@ -63,8 +73,12 @@ def naive_demand(table: ProgramTable, b: Backend, now: float, tick: float, x: fl
         else:
             k = int((now - p.acting_since) // tick) if now > p.acting_since else 0
             w = x ** -k if k < max_k else 0.0
-        s = min(p.shared_prefix_tokens, c) if p.prefix_key else 0
+        system = p.shared_prefix_tokens if p.prefix_key else 0
+        task = p.group.prefix_tokens if p.group_key and p.group else 0
+        s = min(system + task, c)
         total += w * (c - s)
         if p.prefix_key:
             shared.setdefault(p.prefix_key, p.shared_prefix_tokens)
+        if p.group_key:
+            shared.setdefault(p.group_key, task)
     return total + sum(shared.values())

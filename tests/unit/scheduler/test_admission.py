@@ -11,7 +11,7 @@ from sched_scenarios import active, backend, paused
 
 from thunder_sgl.config import SchedulerConfig
 from thunder_sgl.programs import ProgramTable
-from thunder_sgl.scheduler import ThunderScheduler, apply
+from thunder_sgl.scheduler import ThunderScheduler
 from thunder_sgl.scheduler.admission import AdmissionState, BackendView, update
 
 CFG = SchedulerConfig()

@@ -13,6 +13,7 @@ from thunder_sgl.config import SchedulerConfig
 from thunder_sgl.programs import ProgramTable
 from thunder_sgl.scheduler import ThunderScheduler, apply
 from thunder_sgl.scheduler.capacity import BackendLoad
+from thunder_sgl.scheduler.grouping import GroupPicker
 
 EPS = 1e-6
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -38,19 +39,22 @@ def scenarios(draw):
     table = ProgramTable()
     now = draw(st.floats(0, 120))
     prefix = st.one_of(st.none(), st.tuples(st.sampled_from(["sys-a", "sys-b"]), st.just(500)))
+    group = st.one_of(st.none(), st.tuples(st.sampled_from(["task-1", "task-2"]), st.just(400)))
     for j in range(draw(st.integers(0, 25))):
         b = draw(st.sampled_from(backends))
         ctx = draw(st.integers(600, 15_000))
         kind = draw(st.sampled_from(["acting", "acting", "reasoning", "held", "paused", "new"]))
-        pre = draw(prefix)
+        pre, grp = draw(prefix), draw(group)
         if kind == "acting":
-            active(table, f"p{j}", b, ctx, acting_since=now - draw(st.floats(0, 60)), prefix=pre)
+            active(table, f"p{j}", b, ctx, acting_since=now - draw(st.floats(0, 60)), prefix=pre, group=grp)
         elif kind in ("reasoning", "held"):
-            active(table, f"p{j}", b, ctx, reasoning=kind == "reasoning", held=int(kind == "held"), prefix=pre)
+            active(table, f"p{j}", b, ctx, reasoning=kind == "reasoning", held=int(kind == "held"), prefix=pre,
+                   group=grp)
         elif kind == "paused":
-            paused(table, f"p{j}", b, ctx, since=now - draw(st.floats(0, 100)), held=draw(st.integers(0, 1)), prefix=pre)
+            paused(table, f"p{j}", b, ctx, since=now - draw(st.floats(0, 100)), held=draw(st.integers(0, 1)), prefix=pre,
+                   group=grp)
         else:
-            new(table, f"p{j}", ctx, since=now - draw(st.floats(0, 100)))
+            new(table, f"p{j}", ctx, since=now - draw(st.floats(0, 100)), group=grp)
     return cfg, backends, table, now
 
 
@@ -70,7 +74,7 @@ def on(table: ProgramTable, b: Backend) -> list:
 @given(scenarios())
 def test_after_a_tick_no_backend_exceeds_its_limit_unless_nothing_pausable_remains(s):
     cfg, backends, table, now = s
-    d = ThunderScheduler(cfg).tick(now, table, backends)
+    d = ThunderScheduler(cfg, picker=GroupPicker()).tick(now, table, backends)
     apply(d, table, now)
     for b in backends:
         progs = on(table, b)
@@ -87,7 +91,7 @@ def test_after_a_tick_no_backend_exceeds_its_limit_unless_nothing_pausable_remai
 def test_no_tick_pauses_a_program_the_limit_does_not_need(s):
     cfg, backends, table, now = s
     before = {p.id: p.backend for p in table if p.active}
-    d = ThunderScheduler(cfg).tick(now, table, backends)
+    d = ThunderScheduler(cfg, picker=GroupPicker()).tick(now, table, backends)
     apply(d, table, now)
     by_key = {b.key: b for b in backends}
     for pid in d.pauses:
@@ -110,7 +114,7 @@ def test_no_tick_pauses_a_program_the_limit_does_not_need(s):
 def test_a_restore_never_overflows_its_target(s):
     cfg, backends, table, now = s
     active_before = {b.key: 0 for b in backends}
-    d = ThunderScheduler(cfg).tick(now, table, backends)
+    d = ThunderScheduler(cfg, picker=GroupPicker()).tick(now, table, backends)
     for p in table:
         if p.active and p.backend in active_before and p.id not in d.pauses:
             active_before[p.backend] += 1
@@ -137,7 +141,7 @@ def test_every_paused_program_is_restored_within_bounded_ticks(sizes, hbm, free_
     cfg = SchedulerConfig(default_output_tokens=1)
     b = backend("b", hbm)
     table = ProgramTable()
-    pol = ThunderScheduler(cfg)
+    pol = ThunderScheduler(cfg, picker=GroupPicker())
     for i, c in enumerate(sizes):
         new(table, f"w{i}", c, since=0.0)
     placed_at: dict[str, int] = {}
