@@ -129,8 +129,18 @@ class BenchSpec:
     @property
     def bound_config(self) -> str:
         """The simulator config the §10 bound is computed with (real mode: the one calibrated
-        against these engines, ``configs/sim/sglang-cpu-gpt2-<model>.yaml``, if it exists)."""
-        return self.cluster_name if self.mode == "real" else self.cluster
+        against these engines, ``configs/sim/sglang-cpu-gpt2-<model>.yaml``, or its ``-t1`` variant
+        when every engine runs one torch thread, if it exists)."""
+        if self.mode != "real":
+            return self.cluster
+        if self.engine_threads == 1:
+            from thunder_sgl.config import ConfigError, resolve_config_path
+
+            try:
+                return str(resolve_config_path(f"{self.cluster_name}-t1", "sim").stem)
+            except ConfigError:  # no 1-thread config: the default one
+                pass
+        return self.cluster_name
 
     @property
     def results_name(self) -> str:
@@ -220,6 +230,14 @@ class _HttpRunner:
                                        threads=spec.engine_threads)
         else:
             self.cluster = HttpCluster(spec.cluster, spec.nodes, spec.time_scale, spec.seed, self.tmp)
+        self.timing_config = ""
+        if spec.mode == "real":
+            from thunder_sgl.config import ConfigError, resolve_config_path
+
+            try:
+                self.timing_config = resolve_config_path(spec.bound_config, "sim").stem
+            except ConfigError:  # no simulator config calibrated against this model
+                pass
 
     def run(self, router: str, programs: int, ideal: float, progress: Progress) -> RunResult:
         from thunder_sgl.bench.harness_http import RunPlan, http_run
@@ -227,7 +245,8 @@ class _HttpRunner:
         s = self.spec
         plan = RunPlan(router, programs, self.profile, s.warmup_s, s.duration_s, s.time_scale, s.seed,
                        s.sample_every_s, s.args_of(router),
-                       {"cluster": s.cluster_name, "nodes": s.nodes, "ideal_steps_per_min": ideal})
+                       {"cluster": s.cluster_name, "nodes": s.nodes, "ideal_steps_per_min": ideal},
+                       timing_config=self.timing_config)
         r = http_run(self.cluster, plan, progress, self.out / "logs")
         r.mode = s.mode
         progress.end_run(r)

@@ -20,6 +20,7 @@ the CPU share of the simulator, the router and this process.
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import time
 from collections.abc import Callable
@@ -40,6 +41,7 @@ from thunder_sgl.bench.harness_measures import (
     parse_counter,
     parse_histogram,
     recompute_tokens,
+    timing_model_check,
 )
 from thunder_sgl.bench.procs import Proc, start_sim, start_stock, start_thunder
 from thunder_sgl.bench.report import FAILED
@@ -160,6 +162,10 @@ class RunPlan:
     """Extra command-line arguments of the router."""
     base: dict[str, Any] = field(default_factory=dict)
     """RunResult fields fixed by the sweep (cluster, nodes, ideal_steps_per_min)."""
+    timing_config: str = ""
+    """Real mode: the simulator config calibrated against the engines; the notes then compare
+    its timing model with the engines' own accounting, and each call of the run is kept in
+    ``steps/<router>-N<n>.jsonl`` beside the results."""
 
 
 class Cluster(Protocol):
@@ -205,6 +211,8 @@ def http_run(cluster: Cluster, plan: RunPlan, progress: Progress, keep_logs: Pat
         router = start_router(plan.router, workers.urls, plan.time_scale, run_logs, list(plan.router_args))
         work, warm, end, samples, lag = asyncio.run(_measure(workers, router, plan, progress))
         diag = _fill(result, plan, work, warm, end, samples, lag)
+        if plan.timing_config:
+            _keep_steps(work, keep_logs.parent / "steps" / f"{plan.router}-N{plan.programs}.jsonl")
         if diagnostics is not None:
             diagnostics.update(diag)
         if router is not None and not router.alive():
@@ -327,6 +335,12 @@ def _fill(r: RunResult, plan: RunPlan, work: WorkloadResult, warm: _Scrape, end:
     diag: dict[str, Any] = {"outside_share": 0.0, "lag_p99_s": 0.0, "cpu": {}}
     engine = _engine_delta(warm, end)
     calls = [x for x in work.steps if x.ok and work.warmup_s <= x.end_s <= work.wall_s]
+    if plan.timing_config and (eb["prefill_s"] or eb["decode_s"]) and calls:
+        chk = timing_model_check(plan.timing_config, calls, eb)
+        diag["timing_check"] = chk
+        notes.append(f"timing model ({plan.timing_config}) ÷ engine: prefill "
+                     f"{chk['prefill_model_s'] / max(chk['prefill_s'], 1e-9):.2f}, decode "
+                     f"{chk['decode_model_s'] / max(chk['decode_s'], 1e-9):.2f}")
     if engine is not None and engine.count > 0 and calls:
         client_mean = sum(x.latency_s for x in calls) / len(calls)
         over = overhead_per_request(client_mean, 1, engine.mean / scale, held.sum / len(calls)) * scale
@@ -345,6 +359,19 @@ def _fill(r: RunResult, plan: RunPlan, work: WorkloadResult, warm: _Scrape, end:
         notes.append("PROCESSES DID NOT KEEP UP: lower --time-scale")
     r.notes = "; ".join(notes)
     return diag
+
+
+def _keep_steps(work: WorkloadResult, path: Path) -> None:
+    """Every call of a run, one JSON object per line (times in seconds since the run started;
+    the measured window is ``warmup_s`` to ``wall_s`` of the header line)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        f.write(json.dumps({"warmup_s": work.warmup_s, "wall_s": work.wall_s}) + "\n")
+        for x in work.steps:
+            f.write(json.dumps({"program": x.program_id, "step": x.step, "attempt": x.attempt,
+                                "start_s": round(x.start_s, 4), "end_s": round(x.end_s, 4),
+                                "status": x.status, "error": x.error, "prompt": x.prompt_tokens,
+                                "cached": x.cached_tokens, "completion": x.completion_tokens}) + "\n")
 
 
 def _engine_delta(warm: _Scrape, end: _Scrape) -> Histogram | None:

@@ -185,3 +185,29 @@ def overhead_per_request(client_latency_sum: float, requests: int, engine_sum: f
     if requests <= 0:
         return 0.0
     return (client_latency_sum - engine_sum - held_sum) / requests
+
+
+def timing_model_check(config: str, calls: Sequence[StepRecord], breakdown: dict[str, float]) -> dict[str, float]:
+    """The engine's own accounting over a measured window against what the simulator's timing
+    model of ``config`` (the one calibrated against these engines) predicts for the same requests.
+
+    Prefill: Σ over the window's calls of ``prefill_seconds(n = prompt − cached, c = cached)``
+    plus the fixed cost once per call (a batch of several requests pays it once, so this side
+    errs high). Decode: every iteration pays ``d0``, every running request ``d_req``, and each
+    call's ``completion`` tokens read its context (``prompt + completion/2`` tokens on average).
+    Returns ``{"prefill_model_s", "prefill_s", "decode_model_s", "decode_s"}``; a ratio below 1
+    means the model (isolated, fastest-of-repetitions measurements) is cheaper than the engine
+    under this load."""
+    from thunder_sgl.sim.config import load_sim_config
+    from thunder_sgl.sim.timing import Roofline, prefill_seconds
+
+    r = Roofline.from_config(load_sim_config(config))
+    pre = dec_kv = 0.0
+    for x in calls:
+        n = max(0, x.prompt_tokens - x.cached_tokens)
+        pre += (r.prefill_fixed if n else 0.0) + prefill_seconds(r, n, x.cached_tokens)
+        dec_kv += x.completion_tokens * (x.prompt_tokens + x.completion_tokens / 2)
+    dec = (breakdown["decode_iterations"] * r.t_fixed + breakdown["decode_batch_sum"] * r.per_request
+           + dec_kv * r.kv_cost)
+    return {"prefill_model_s": pre, "prefill_s": breakdown["prefill_s"], "decode_model_s": dec,
+            "decode_s": breakdown["decode_s"]}
