@@ -17,13 +17,16 @@ set by the tick from the policy and the backend's admission state.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from thunder_sgl.backends.backend import Backend
 from thunder_sgl.config import SchedulerConfig
-from thunder_sgl.programs import Program
+from thunder_sgl.programs import Phase, Program
 from thunder_sgl.scheduler.cost import ProgramCost, program_cost, weight
 from thunder_sgl.scheduler.gate import hbm_fits, hbm_room
+
+_REASONING = Phase.REASONING
 
 
 @dataclass(slots=True, eq=False)
@@ -59,11 +62,11 @@ class BackendLoad:
     active: int = 0
     """Programs counted now (accounted + placed − removed in this tick)."""
     progs: list[Program] = field(default_factory=list)
-    costs: list[ProgramCost] = field(default_factory=list)
-    """``cost`` of each of ``progs`` (computed once, in ``account``)."""
-    weights: list[float] = field(default_factory=list)
     key_counts: dict[str, int] = field(default_factory=dict)
     key_shared: dict[str, int] = field(default_factory=dict)
+    clock: tuple[float, float, Sequence[float], float] = (0.0, 1.0, (), 0.0)
+    """(now, tick, decay table, default output) of the last ``account``: what ``members``
+    needs to give each program the cost and weight the totals were made of."""
 
     @classmethod
     def for_backend(cls, b: Backend, cfg: SchedulerConfig, extra: float = 0.0) -> BackendLoad:
@@ -81,41 +84,57 @@ class BackendLoad:
         self.limit_hi = self.fit_limit + extra
         self.limit_lo = cfg.lambda_min * self.pool + extra
 
-    def account(self, progs: list[Program], now: float, tick: float, table: list[float], default_out: float) -> None:
-        """Add the backend's active programs to the totals: the hot loop of every tick."""
+    def account(self, progs: list[Program], now: float, tick: float, table: Sequence[float], default_out: float) -> None:
+        """Add the backend's active programs to the totals: the hot loop of every tick.
+
+        This is ``cost.program_cost`` and ``cost.weight`` written out (no object per program:
+        at 10,000 programs the calls were most of a tick); ``members`` builds the objects for
+        the few backends that must pause, and a test checks that both give the same totals."""
         demand = reasoning = tokens = 0.0
         counts, shared = self.key_counts, self.key_shared
-        costs, weights = self.costs, self.weights
+        ntab = len(table)
         for p in progs:
-            pc = program_cost(p, default_out)
-            if pc.gated:  # reasoning or held: full weight
-                w = 1.0
-                reasoning += pc.hbm
+            c = p.context_tokens
+            pp = p.pending_prompt_tokens
+            if pp > c:
+                c = pp
+            key = p.prefix_key
+            full = p.shared_prefix_tokens if key else 0
+            gkey = p.group_key
+            gt = p.group.prefix_tokens if gkey and p.group is not None else 0  # type: ignore[union-attr]
+            sh = full + gt
+            private = c - sh if sh < c else 0
+            if p.phase is _REASONING or p.held:  # gated: full weight, counts in the HBM condition
+                eo = p.expected_output_tokens
+                reasoning += c + (eo if eo > 0 else default_out)
+                demand += private
             else:
-                w = weight(p, now, tick, table)
-            costs.append(pc)
-            weights.append(w)
-            demand += w * pc.private
-            tokens += pc.tokens
-            key = pc.prefix_key
+                a = p.acting_since
+                if now <= a:
+                    demand += private
+                else:
+                    k = int((now - a) // tick)
+                    if k < ntab:
+                        demand += table[k] * private
+            tokens += c
             if key:
                 cnt = counts.get(key)
                 if cnt is None:
                     counts[key] = 1
-                    shared[key] = pc.prefix_tokens
-                    demand += pc.prefix_tokens
+                    shared[key] = full
+                    demand += full
                 else:
                     counts[key] = cnt + 1
-            key = pc.group_key
-            if key:
-                cnt = counts.get(key)
+            if gkey:
+                cnt = counts.get(gkey)
                 if cnt is None:
-                    counts[key] = 1
-                    shared[key] = pc.group_tokens
-                    demand += pc.group_tokens
+                    counts[gkey] = 1
+                    shared[gkey] = gt
+                    demand += gt
                 else:
-                    counts[key] = cnt + 1
+                    counts[gkey] = cnt + 1
         self.progs.extend(progs)
+        self.clock = (now, tick, table, default_out)
         self.demand += demand
         self.reasoning += reasoning
         self.tokens += tokens
@@ -124,9 +143,15 @@ class BackendLoad:
     def members(self, idle_only: bool = False) -> list[Member]:
         """The accounted programs as Members (built only for backends that must pause);
         ``idle_only``: just those with no request in flight (the pausable ones)."""
-        return [Member(p, pc, w, w * pc.private)
-                for p, pc, w in zip(self.progs, self.costs, self.weights, strict=True)
-                if not (idle_only and p.in_flight)]
+        now, tick, table, default_out = self.clock
+        out = []
+        for p in self.progs:
+            if idle_only and p.in_flight:
+                continue
+            pc = program_cost(p, default_out)
+            w = 1.0 if pc.gated else weight(p, now, tick, table)
+            out.append(Member(p, pc, w, w * pc.private))
+        return out
 
     @staticmethod
     def placed(p: Program, pc: ProgramCost) -> Member:

@@ -23,6 +23,7 @@ gate all read the same object), and by the controller for the HBM gate of one re
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from thunder_sgl.config import SchedulerConfig
@@ -86,7 +87,7 @@ def decay_weights(cfg: SchedulerConfig) -> list[float]:
     return [x ** (-k) for k in range(cfg.max_decay_ticks)]
 
 
-def weight(p: Program, now: float, tick: float, table: list[float]) -> float:
+def weight(p: Program, now: float, tick: float, table: Sequence[float]) -> float:
     """Weight of an active program's KV in its backend's demand: 1 while reasoning or held,
     else the decay of the whole ticks it has spent acting."""
     if p.phase is _REASONING or p.held:

@@ -185,3 +185,29 @@ def test_a_workload_that_fits_hbm_plus_host_causes_no_pauses_but_does_without_ho
 
     assert run(host) == 0
     assert run(0) > 0
+
+
+@SETTINGS
+@given(scenarios())
+def test_the_written_out_accounting_equals_the_cost_functions(s):
+    """``BackendLoad.account`` inlines ``program_cost`` and ``weight`` for speed; the Members
+    that ``members`` builds from the functions themselves give the same totals, and the demand
+    equals the independent reference."""
+    cfg, backends, table, now = s
+    from thunder_sgl.scheduler.cost import decay_weights
+
+    table_w = decay_weights(cfg)
+    for b in backends:
+        ld = BackendLoad.for_backend(b, cfg)
+        ld.account(table.on_backend(b.key), now, cfg.tick_seconds, table_w, float(cfg.default_output_tokens))
+        ms = ld.members()
+        shared = {}
+        for m in ms:
+            for key, tokens in ((m.cost.prefix_key, m.cost.prefix_tokens), (m.cost.group_key, m.cost.group_tokens)):
+                if key:
+                    shared[key] = tokens
+        assert math.isclose(ld.demand, sum(m.private for m in ms) + sum(shared.values()), rel_tol=1e-9, abs_tol=EPS)
+        assert math.isclose(ld.reasoning, sum(m.reasoning_tokens for m in ms), rel_tol=1e-9, abs_tol=EPS)
+        assert ld.tokens == sum(m.cost.tokens for m in ms)
+        assert ld.active == len(ms)
+        assert math.isclose(ld.demand, demand_after(table, b, now, cfg), rel_tol=1e-9, abs_tol=EPS)
