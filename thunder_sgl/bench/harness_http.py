@@ -212,7 +212,8 @@ def http_run(cluster: Cluster, plan: RunPlan, progress: Progress, keep_logs: Pat
         work, warm, end, samples, lag = asyncio.run(_measure(workers, router, plan, progress))
         diag = _fill(result, plan, work, warm, end, samples, lag)
         if plan.timing_config:
-            _keep_steps(work, keep_logs.parent / "steps" / f"{plan.router}-N{plan.programs}.jsonl")
+            _keep_steps(work, keep_logs.parent / "steps" / f"{plan.router}-N{plan.programs}.jsonl",
+                        diag.get("engines", {}))
         if diagnostics is not None:
             diagnostics.update(diag)
         if router is not None and not router.alive():
@@ -332,15 +333,17 @@ def _fill(r: RunResult, plan: RunPlan, work: WorkloadResult, warm: _Scrape, end:
         notes.append(f"engines: prefill {eb['prefill_s']:.1f} s for {eb['prefill_tokens'] / 1e3:.0f} K tokens, decode "
                      f"{eb['decode_s']:.1f} s over {it:.0f} iterations ({1e3 * eb['decode_s'] / it if it else 0:.1f} ms, "
                      f"mean batch {eb['decode_batch_sum'] / it if it else 0:.1f})")
-    diag: dict[str, Any] = {"outside_share": 0.0, "lag_p99_s": 0.0, "cpu": {}}
+    diag: dict[str, Any] = {"outside_share": 0.0, "lag_p99_s": 0.0, "cpu": {}, "engines": eb}
     engine = _engine_delta(warm, end)
     calls = [x for x in work.steps if x.ok and work.warmup_s <= x.end_s <= work.wall_s]
     if plan.timing_config and (eb["prefill_s"] or eb["decode_s"]) and calls:
         chk = timing_model_check(plan.timing_config, calls, eb)
         diag["timing_check"] = chk
-        notes.append(f"timing model ({plan.timing_config}) ÷ engine: prefill "
-                     f"{chk['prefill_model_s'] / max(chk['prefill_s'], 1e-9):.2f}, decode "
-                     f"{chk['decode_model_s'] / max(chk['decode_s'], 1e-9):.2f}")
+        pre_r = chk["prefill_model_s"] / max(chk["prefill_s"], 1e-9)
+        dec_r = chk["decode_model_s"] / max(chk["decode_s"], 1e-9)
+        notes.append(f"timing model ({plan.timing_config}) ÷ engine: prefill {pre_r:.2f}, decode {dec_r:.2f}")
+        if min(pre_r, dec_r) < SLOW_ENGINE_RATIO:
+            notes.append("ENGINES SLOWER THAN CALIBRATED: was the machine busy with other work?")
     if engine is not None and engine.count > 0 and calls:
         client_mean = sum(x.latency_s for x in calls) / len(calls)
         over = overhead_per_request(client_mean, 1, engine.mean / scale, held.sum / len(calls)) * scale
@@ -361,12 +364,19 @@ def _fill(r: RunResult, plan: RunPlan, work: WorkloadResult, warm: _Scrape, end:
     return diag
 
 
-def _keep_steps(work: WorkloadResult, path: Path) -> None:
+SLOW_ENGINE_RATIO = 0.8
+"""Real mode: a timing-model ÷ engine ratio below this says the engines ran slower than their
+calibration (measured on an idle machine): on a 2-core machine, another process beside the
+engine slowed it by 20-40% in our runs (docs/real-engine.md)."""
+
+
+def _keep_steps(work: WorkloadResult, path: Path, engines: dict[str, float]) -> None:
     """Every call of a run, one JSON object per line (times in seconds since the run started;
-    the measured window is ``warmup_s`` to ``wall_s`` of the header line)."""
+    the measured window is ``warmup_s`` to ``wall_s`` of the header line, which also holds
+    what the engines' own counters booked in that window: ``engines``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
-        f.write(json.dumps({"warmup_s": work.warmup_s, "wall_s": work.wall_s}) + "\n")
+        f.write(json.dumps({"warmup_s": work.warmup_s, "wall_s": work.wall_s, "engines": engines}) + "\n")
         for x in work.steps:
             f.write(json.dumps({"program": x.program_id, "step": x.step, "attempt": x.attempt,
                                 "start_s": round(x.start_s, 4), "end_s": round(x.end_s, 4),

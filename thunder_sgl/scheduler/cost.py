@@ -1,4 +1,4 @@
-"""What one program costs a backend, in tokens: the one place this arithmetic is written.
+"""What one program costs a backend, in tokens: the definition of this arithmetic.
 
 For a program p (design.md, "Scheduling model")::
 
@@ -17,8 +17,12 @@ is counted once per backend (``capacity.BackendLoad``), whatever number of progr
 acting program after k whole ticks of tool time) is time-dependent and applied by the caller:
 ``weight(p, now, tick, table)``.
 
-``program_cost`` is computed once per program per tick (the accounting, the queue and the HBM
-gate all read the same object), and by the controller for the HBM gate of one request.
+``program_cost`` is what the queue, the pause decisions and the controller's HBM gate of one
+request read. The per-tick accounting of every active program (``capacity.BackendLoad.account``,
+the hot loop) writes ``program_cost`` and ``weight`` out instead of calling them — an object per
+program per tick doubled the tick at 10,000 programs — and a property test
+(``test_the_written_out_accounting_equals_the_cost_functions``) holds the two equal: change
+both together.
 """
 
 from __future__ import annotations
