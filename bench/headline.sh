@@ -34,17 +34,29 @@ thunder-sgl bench --mode des --cluster glm46-fp8-h100x8 --nodes 8 --programs 220
   --profile openhands --routers $ROUTERS --duration 1200 --warmup 1800 --seed 1 \
   --name openhands-glm46-fp8-8n-des
 
-# (e) Real SGLang 0.5.23 CPU engines (thunder-sgl engine prepare first; keep the machine idle).
-#     One engine thread each: two on a 2-core machine make the engine's speed depend on the router
-#     and client beside it (docs/real-engine.md). N ≈ 1×, 2×, 4× the 24,576-token pool.
+# (e) Real SGLang 0.5.23 CPU engines (thunder-sgl engine prepare first). Keep the machine idle:
+#     anything on the other core slows a one-thread engine by 20-40% (docs/real-engine.md; each
+#     run's notes carry the timing check, and flag a slow engine). N ≈ 1×, 2×, 4× the pool.
 REAL=direct,sglang-cache_aware,smg-cache_aware,thunder,thunder-fixed,thunder-paper
 thunder-sgl bench --mode real --nodes 1 --programs 8,16,32 --profile cpu-agent --routers $REAL \
-  --duration 180 --warmup 60 --engine-threads 1 --name real-cpu-1e
-thunder-sgl bench --mode real --nodes 2 --programs 16,32,64 --profile cpu-agent --routers $REAL \
-  --duration 180 --warmup 60 --engine-threads 1 --name real-cpu-2e
+  --duration 120 --warmup 45 --engine-threads 1 --name real-cpu-1e
+#     (2 engines: the three routers of the goal at 1× and 4×, for time; committed so)
+thunder-sgl bench --mode real --nodes 2 --programs 16,64 --profile cpu-agent \
+  --routers direct,sglang-cache_aware,thunder --duration 120 --warmup 45 --engine-threads 1 --name real-cpu-2e
+python bench/real/timing_check.py bench/results/real-cpu-1e --out bench/results/real-cpu-1e/timing-check.md \
+  --write-config sglang-cpu-gpt2-small-t1-loaded
+python bench/real/timing_check.py bench/results/real-cpu-2e --out bench/results/real-cpu-2e/timing-check.md
 #     The simulator calibrated against that engine (python bench/real/calibrate.py --model small
-#     --threads 1 --name small-t1), same sweeps in DES mode: the real-vs-simulated table.
-thunder-sgl bench --mode des --cluster sglang-cpu-gpt2-small-t1 --nodes 1 --programs 8,16,32 \
-  --profile cpu-agent --routers $REAL --duration 180 --warmup 60 --seed 1 --name real-cpu-1e-sim
-thunder-sgl bench --mode des --cluster sglang-cpu-gpt2-small-t1 --nodes 2 --programs 16,32,64 \
-  --profile cpu-agent --routers $REAL --duration 180 --warmup 60 --seed 1 --name real-cpu-2e-sim
+#     --threads 1 --name small-t1), and the same config scaled to the engine under load (above),
+#     same sweeps in DES mode: the real-vs-simulated tables.
+for cfg in sglang-cpu-gpt2-small-t1 sglang-cpu-gpt2-small-t1-loaded; do
+  suf=sim; [ $cfg = sglang-cpu-gpt2-small-t1-loaded ] && suf=sim-loaded
+  thunder-sgl bench --mode des --cluster $cfg --nodes 1 --programs 8,16,32 --profile cpu-agent \
+    --routers $REAL --duration 120 --warmup 45 --seed 1 --name real-cpu-1e-$suf
+  thunder-sgl bench --mode des --cluster $cfg --nodes 2 --programs 16,64 --profile cpu-agent \
+    --routers direct,sglang-cache_aware,thunder --duration 120 --warmup 45 --seed 1 --name real-cpu-2e-$suf
+  python bench/real/compare.py bench/results/real-cpu-1e bench/results/real-cpu-1e-$suf \
+    --out bench/results/real-cpu-1e/real-vs-$suf.md
+  python bench/real/compare.py bench/results/real-cpu-2e bench/results/real-cpu-2e-$suf \
+    --out bench/results/real-cpu-2e/real-vs-$suf.md
+done

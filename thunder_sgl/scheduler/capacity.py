@@ -29,6 +29,10 @@ from thunder_sgl.scheduler.gate import hbm_fits, hbm_room
 _REASONING = Phase.REASONING
 
 
+def _first4(t: tuple[bool, float, int, str, Program]) -> tuple[bool, float, int, str]:
+    return t[0], t[1], t[2], t[3]
+
+
 @dataclass(slots=True, eq=False)
 class Member:
     """A program as counted on one backend during a tick."""
@@ -139,6 +143,41 @@ class BackendLoad:
         self.reasoning += reasoning
         self.tokens += tokens
         self.active += len(progs)
+
+    def pause_candidates(self) -> list[tuple[bool, float, int, str, Program]]:
+        """The pausable programs (no request in flight) in pause order — acting first (held
+        last), lowest decayed weight, then shortest context — as ``(held, weight, c, id,
+        program)``: the order needs only c and the weight, so no Member is built for the many
+        a pause does not reach (``member`` builds one for those it does)."""
+        now, tick, table, _ = self.clock
+        ntab = len(table)
+        out = []
+        for p in self.progs:
+            if p.in_flight:
+                continue
+            c = p.context_tokens
+            pp = p.pending_prompt_tokens
+            if pp > c:
+                c = pp
+            if p.phase is _REASONING or p.held:
+                w = 1.0
+            else:
+                a = p.acting_since
+                if now <= a:
+                    w = 1.0
+                else:
+                    k = int((now - a) // tick)
+                    w = table[k] if k < ntab else 0.0
+            out.append((p.held > 0, w, c, p.id, p))
+        out.sort(key=_first4)
+        return out
+
+    def member(self, p: Program) -> Member:
+        """One accounted program as a Member (its cost and weight as ``account`` counted them)."""
+        now, tick, table, default_out = self.clock
+        pc = program_cost(p, default_out)
+        w = 1.0 if pc.gated else weight(p, now, tick, table)
+        return Member(p, pc, w, w * pc.private)
 
     def members(self, idle_only: bool = False) -> list[Member]:
         """The accounted programs as Members (built only for backends that must pause);

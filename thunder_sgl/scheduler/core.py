@@ -157,13 +157,12 @@ class ThunderScheduler:
     @staticmethod
     def _pause_excess(load: BackendLoad) -> list[str]:
         excess = load.demand - load.limit_hi
-        cands = load.members(idle_only=True)
-        cands.sort(key=_pause_order)
         chosen: list[Member] = []
         freed = 0.0
-        for m in cands:
+        for cand in load.pause_candidates():
             if freed >= excess - EPS:
                 break
+            m = load.member(cand[4])
             freed += load.freed_by(m)
             load.remove(m)
             chosen.append(m)

@@ -211,3 +211,7 @@ def test_the_written_out_accounting_equals_the_cost_functions(s):
         assert ld.tokens == sum(m.cost.tokens for m in ms)
         assert ld.active == len(ms)
         assert math.isclose(ld.demand, demand_after(table, b, now, cfg), rel_tol=1e-9, abs_tol=EPS)
+        from thunder_sgl.scheduler.core import _pause_order
+
+        by_members = [m.program.id for m in sorted(ld.members(idle_only=True), key=_pause_order)]
+        assert [c[3] for c in ld.pause_candidates()] == by_members
