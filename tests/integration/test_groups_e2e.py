@@ -30,7 +30,8 @@ def cluster(spawn):
     return sim, router
 
 
-async def _member(client: AsyncOpenAI, url: str, pid: str, task: str, steps: int, how: str) -> list[int]:
+async def _member(client: AsyncOpenAI, url: str, pid: str, task: str, steps: int, how: str,
+                  release: bool = True) -> list[int]:
     msgs = [{"role": "system", "content": text(400, "sys")}, {"role": "user", "content": task}]
     extra: dict = {"program_id": pid}
     headers: dict = {}
@@ -45,9 +46,14 @@ async def _member(client: AsyncOpenAI, url: str, pid: str, task: str, steps: int
         cached.append(r.usage.prompt_tokens_details.cached_tokens)
         msgs += [{"role": "assistant", "content": r.choices[0].message.content},
                  {"role": "user", "content": text(60, pid)}]
+    if release:
+        await _release(url, pid)
+    return cached
+
+
+async def _release(url: str, pid: str) -> None:
     async with httpx.AsyncClient() as h:
         assert (await h.post(f"{url}/programs/{pid}/release")).status_code == 200
-    return cached
 
 
 def test_members_share_a_backend_and_their_task_prompt_and_groups_report_completion(cluster):
@@ -56,12 +62,17 @@ def test_members_share_a_backend_and_their_task_prompt_and_groups_report_complet
 
     async def main():
         client = AsyncOpenAI(base_url=router.url + "/v1", api_key="none", max_retries=0)
-        # the first member of each group alone, so its task prompt is cached for the others
-        firsts = await asyncio.gather(*[_member(client, router.url, f"{g}-s0", t, 1, "body") for g, t in tasks.items()])
+        # the first member of each group alone, so its task prompt is cached for the others; it
+        # stays live (acting) while they run: placement co-locates with live members (a group
+        # whose members have all left has no backend of its own: grouping.py)
+        firsts = await asyncio.gather(*[_member(client, router.url, f"{g}-s0", t, 1, "body", release=False)
+                                        for g, t in tasks.items()])
         # a second step of the others, named three ways: body field, header, derived from the id
         hows = ["body", "header", "derived"]
         rest = await asyncio.gather(*[_member(client, router.url, f"{g}-s{i + 1}", t, 2, hows[i])
                                       for g, t in tasks.items() for i in range(3)])
+        for g in tasks:
+            await _release(router.url, f"{g}-s0")
         await client.close()
         return firsts, rest
 
