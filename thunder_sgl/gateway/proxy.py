@@ -32,11 +32,14 @@ from thunder_sgl.errors import ThunderError, UpstreamError
 from thunder_sgl.gateway.inbound import Inbound
 from thunder_sgl.gateway.runtime import Gateway
 from thunder_sgl.gateway.sse import Last, SSEResponse
+from thunder_sgl.gateway.upstream import Response as UpstreamResponse
+from thunder_sgl.gateway.upstream import UpstreamBodyError, UpstreamConnectError
 from thunder_sgl.gateway.usage import SSETap, usage_from_body
 
 log = logging.getLogger("thunder_sgl.proxy")
 
-CONNECT_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientOSError, asyncio.TimeoutError, OSError)
+CONNECT_ERRORS = (UpstreamConnectError, TimeoutError, OSError)
+READ_ERRORS = (UpstreamBodyError, TimeoutError)
 UPSTREAM_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "generate": "/generate"}
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -80,7 +83,7 @@ async def forward(
 ) -> Response:
     payload, headers, rid = upstream_request(gw, inbound, t, extra_headers)
     path = UPSTREAM_PATHS[inbound.route]
-    timeout = aiohttp.ClientTimeout(total=gw.cfg.gateway.upstream_timeout_seconds, sock_connect=5)
+    timeout = gw.cfg.gateway.upstream_timeout_seconds
     if not inbound.stream:
         return await _complete(gw, inbound, t, rid, disconnected, _open(gw, t, path, payload, headers, timeout, disconnected))
     resp = await _open(gw, t, path, payload, headers, timeout, disconnected)
@@ -90,15 +93,15 @@ async def forward(
 
 
 async def _open(gw: Gateway, t: Ticket, path: str, payload: bytes, headers: dict[str, str],
-                timeout: aiohttp.ClientTimeout, disconnected: Callable[[], Awaitable[Any]] | None) -> aiohttp.ClientResponse:
-    """POST to the ticket's backend; on a connection failure, fail over and retry."""
-    assert gw.session is not None
+                timeout: float | None, disconnected: Callable[[], Awaitable[Any]] | None) -> UpstreamResponse:
+    """POST to the ticket's backend (``gw.upstream``, the lean client); on a failure before
+    the worker's status line, fail over and retry."""
     attempts = gw.cfg.gateway.retries_before_first_byte + 1
     for attempt in range(attempts):
         b = t.backend
         assert b is not None
         try:
-            return await gw.session.post(b.worker_url + path, data=payload, headers=_rank_headers(headers, t), timeout=timeout)
+            return await gw.upstream.post(b.worker_url, path, payload, _rank_headers(headers, t), timeout)
         except CONNECT_ERRORS as e:
             gw.metrics.upstream_errors.labels("connect").inc()
             reason = f"{type(e).__name__}: {e}"
@@ -111,12 +114,12 @@ async def _open(gw: Gateway, t: Ticket, path: str, payload: bytes, headers: dict
     raise AssertionError("unreachable")
 
 
-async def _opened(resp: aiohttp.ClientResponse) -> aiohttp.ClientResponse:
+async def _opened(resp: UpstreamResponse) -> UpstreamResponse:
     return resp
 
 
 async def _complete(gw: Gateway, inbound: Inbound, t: Ticket, rid: str, disconnected: Callable[[], Awaitable[Any]],
-                    opening: Awaitable[aiohttp.ClientResponse]) -> Response:
+                    opening: Awaitable[UpstreamResponse]) -> Response:
     """A whole answer: ``opening`` (the POST, failovers included) and the read of the body run
     while one watcher task waits for the client to leave; then both are cancelled and the
     upstream request aborted. The watch starts before the POST: a worker sends the headers of
@@ -130,7 +133,7 @@ async def _complete(gw: Gateway, inbound: Inbound, t: Ticket, rid: str, disconne
             me.cancel()
 
     gone.add_done_callback(on_gone)
-    resp: aiohttp.ClientResponse | None = None
+    resp: UpstreamResponse | None = None
     try:
         resp = await opening
         data = await resp.read()
@@ -143,7 +146,7 @@ async def _complete(gw: Gateway, inbound: Inbound, t: Ticket, rid: str, disconne
             gw.spawn(abort(gw, t.backend, rid), f"abort {rid}")
             gw.finish(t, None)
         raise
-    except (TimeoutError, aiohttp.ClientError) as e:
+    except READ_ERRORS as e:
         gw.metrics.upstream_errors.labels("read").inc()
         gw.finish(t, None)
         raise UpstreamError(f"worker failed while answering: {type(e).__name__}: {e}", code="upstream_failed") from None
@@ -160,7 +163,7 @@ async def _complete(gw: Gateway, inbound: Inbound, t: Ticket, rid: str, disconne
             raise UpstreamError(f"worker answered {status}: {data[:500].decode(errors='replace')}", code=f"upstream_{status}")
         return Response(openai_shaped(data, status), status_code=status, media_type="application/json")
     gw.finish(t, usage_from_body(inbound.route, data))
-    return Response(data, status_code=200, media_type=resp.content_type or "application/json")
+    return Response(data, status_code=200, media_type=resp.content_type)
 
 
 def openai_shaped(data: bytes, status: int) -> bytes:
@@ -189,8 +192,8 @@ def _with_rid(payload: bytes, rid: str) -> bytes:
     return orjson.dumps({**orjson.loads(payload), "rid": rid})
 
 
-async def _relay(gw: Gateway, inbound: Inbound, t: Ticket, resp: aiohttp.ClientResponse, path: str,
-                 payload: bytes, headers: dict[str, str], timeout: aiohttp.ClientTimeout, rid: str) -> AsyncIterator[bytes]:
+async def _relay(gw: Gateway, inbound: Inbound, t: Ticket, resp: UpstreamResponse, path: str,
+                 payload: bytes, headers: dict[str, str], timeout: float | None, rid: str) -> AsyncIterator[bytes]:
     """Pass the worker's SSE through the tap. A stream that breaks after an event reached the
     client ends with an SSE error event. One that breaks before is retried on the same worker
     at once, under a fresh rid (the broken request may still be in the engine's table; it is
@@ -206,7 +209,7 @@ async def _relay(gw: Gateway, inbound: Inbound, t: Ticket, resp: aiohttp.ClientR
         for attempt in itertools.count(1):
             try:
                 held = b""  # the chunk that holds [DONE] waits for the end of the body, to go out as Last
-                async for chunk in resp.content.iter_any():
+                async for chunk in resp.iter_any():
                     out = tap.feed(chunk)
                     if out:
                         sent = True
@@ -217,7 +220,7 @@ async def _relay(gw: Gateway, inbound: Inbound, t: Ticket, resp: aiohttp.ClientR
                 ok = True
                 yield Last(held + tap.flush())
                 break
-            except (TimeoutError, aiohttp.ClientError) as e:
+            except READ_ERRORS as e:
                 gw.metrics.upstream_errors.labels("stream").inc()
                 resp.close()
                 if tap.done:  # broken after [DONE]: the answer is whole

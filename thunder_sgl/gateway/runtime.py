@@ -1,6 +1,7 @@
 """The gateway's runtime: controller + monitor + scheduler loop + held-request waiting.
 
-One ``Gateway`` per app (no module globals). It owns the upstream aiohttp session, the
+One ``Gateway`` per app (no module globals). It owns the inference path's connection pool to
+the workers (``upstream``), the aiohttp session of the other calls to them, the
 ``Controller`` (programs, backends, policy), the ``Monitor`` and the scheduler loop task, which
 runs the policy's tick every Δt and, sooner, when a held or new program needs it. Held requests
 wait on futures that the loop resolves when their program is restored. ``rids`` indexes the
@@ -29,6 +30,7 @@ from thunder_sgl.controller import Controller, Ticket, TickResult
 from thunder_sgl.errors import NotFound, Overloaded, ThunderError
 from thunder_sgl.gateway.aborted import RequestAborted
 from thunder_sgl.gateway.metrics import GatewayMetrics
+from thunder_sgl.gateway.upstream import Pool
 from thunder_sgl.gateway.workers_client import WorkersClient
 from thunder_sgl.programs import Program, Usage
 
@@ -63,7 +65,8 @@ class Gateway:
         self.clock = clock
         self.controller = Controller(config, settings.policy)
         self.metrics = GatewayMetrics(self)
-        self.session: aiohttp.ClientSession | None = None
+        self.session: aiohttp.ClientSession | None = None  # health polls, engine control, aborts
+        self.upstream = Pool(keepalive=UPSTREAM_KEEPALIVE_S)  # the inference requests (``upstream``)
         self.monitor: Monitor | None = None
         self.sandboxes: SandboxManager | None = None
         self.on_release: list[Callable[[Program], Awaitable[None]]] = []
@@ -116,6 +119,7 @@ class Gateway:
         for t in self.controller.held_tickets():
             self.controller.cancel(t)
             self._fail(t, Overloaded("router shutting down", retry_after=self.cfg.gateway.retry_after_seconds))
+        self.upstream.close()
         if self.session:
             await self.session.close()
 
