@@ -37,7 +37,7 @@ from thunder_sgl.groups import GroupTable
 from thunder_sgl.kvrefs import KVRefs
 from thunder_sgl.programs import Program, ProgramState, ProgramTable, Usage
 from thunder_sgl.scheduler import Decisions, apply, least_loaded, make_policy
-from thunder_sgl.scheduler.cost import program_cost
+from thunder_sgl.scheduler.cost import in_flight_hbm, program_cost
 from thunder_sgl.scheduler.gate import hbm_fits
 from thunder_sgl.tickets import Stats, Ticket, TickResult, prefix_key_of
 from thunder_sgl.windows import Windows
@@ -366,8 +366,7 @@ class Controller:
 
     def _reasoning_tokens(self, key: str, exclude: Program | None = None) -> float:
         """KV the backend's programs with a request in flight hold or will hold."""
-        out = float(self.sched.default_output_tokens)
-        return sum(program_cost(q, out).hbm for q in self.programs.on_backend(key) if q.in_flight and q is not exclude)
+        return in_flight_hbm(self.programs.placed_on(key), float(self.sched.default_output_tokens), exclude)
 
     def _need(self, p: Program, estimate: int) -> float:
         return program_cost(p, float(self.sched.default_output_tokens), estimate).hbm

@@ -16,7 +16,7 @@ misuse instead of silently corrupting accounting.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from thunder_sgl.groups import Group, GroupTable
@@ -277,6 +277,11 @@ class ProgramTable:
         """Active programs placed on backend ``key``."""
         d = self._on.get(key)
         return list(d.values()) if d else []
+
+    def placed_on(self, key: str) -> Iterable[Program]:
+        """``on_backend`` without the copy: iterate at once, without changing the table."""
+        d = self._on.get(key)
+        return d.values() if d else ()
 
     def backend_keys(self) -> list[str]:
         """Backends that have at least one active program."""

@@ -41,6 +41,8 @@ log = logging.getLogger("thunder_sgl.proxy")
 CONNECT_ERRORS = (UpstreamConnectError, TimeoutError, OSError)
 READ_ERRORS = (UpstreamBodyError, TimeoutError)
 UPSTREAM_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "generate": "/generate"}
+WATCH_AFTER_S = 0.05
+"""How long a non-stream request runs before a task watches for its client leaving."""
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -122,23 +124,30 @@ async def _complete(gw: Gateway, inbound: Inbound, t: Ticket, rid: str, disconne
                     opening: Awaitable[UpstreamResponse]) -> Response:
     """A whole answer: ``opening`` (the POST, failovers included) and the read of the body run
     while one watcher task waits for the client to leave; then both are cancelled and the
-    upstream request aborted. The watch starts before the POST: a worker sends the headers of
-    a non-stream answer with its body, as SGLang does, so a watch begun at the headers would
-    miss a client that left during the generation."""
+    upstream request aborted. The watch is not tied to the answer's headers: a worker sends the
+    headers of a non-stream answer with its body, as SGLang does, so a watch begun at the
+    headers would miss a client that left during the generation. It starts ``WATCH_AFTER_S``
+    after the request: most short answers are back by then, and a task per request was a
+    tenth of the router's CPU on them; a client that leaves sooner is seen at that time."""
     me = asyncio.current_task()
-    gone = asyncio.ensure_future(disconnected())
+    gone: asyncio.Future[Any] | None = None
 
     def on_gone(f: asyncio.Future[Any]) -> None:
         if not f.cancelled() and me is not None:
             me.cancel()
 
-    gone.add_done_callback(on_gone)
+    def watch() -> None:
+        nonlocal gone
+        gone = asyncio.ensure_future(disconnected())
+        gone.add_done_callback(on_gone)
+
+    timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, watch)
     resp: UpstreamResponse | None = None
     try:
         resp = await opening
         data = await resp.read()
     except asyncio.CancelledError:
-        if gone.done() and not gone.cancelled():
+        if gone is not None and gone.done() and not gone.cancelled():
             if me is not None:
                 me.uncancel()
             if resp is not None:
@@ -151,8 +160,10 @@ async def _complete(gw: Gateway, inbound: Inbound, t: Ticket, rid: str, disconne
         gw.finish(t, None)
         raise UpstreamError(f"worker failed while answering: {type(e).__name__}: {e}", code="upstream_failed") from None
     finally:
-        gone.remove_done_callback(on_gone)
-        gone.cancel()
+        timer.cancel()
+        if gone is not None:
+            gone.remove_done_callback(on_gone)
+            gone.cancel()
         if resp is not None:
             resp.release()
     status = resp.status

@@ -67,7 +67,8 @@ class InferenceHandler:
         try:
             check_key(request, gw.settings.api_key, "API key")
             raw = await read_body(request, gw.max_body)
-            headers = {k.lower(): v for k, v in request.headers.items()}
+            # ASGI header names are lower-case already; the scope's list is cheaper than Headers
+            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in request.scope["headers"]}
             inbound = parse_inbound(route, raw, headers, self.group_pattern)
             t = Ticket(inbound.program_id, inbound.prompt_chars, inbound.prompt_tokens,
                        inbound.prefix_key, inbound.prefix_chars, inbound.group_id, inbound.group_chars)

@@ -27,7 +27,7 @@ both together.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from thunder_sgl.config import SchedulerConfig
@@ -83,6 +83,20 @@ def program_cost(p: Program, default_output: float, prompt: int = 0) -> ProgramC
     # program every tick).
     return _new(ProgramCost, (c, s, key, full, c - s, c + (eo if eo > 0 else default_output),
                               p.phase is _REASONING or p.held > 0, gkey, gt))
+
+
+def in_flight_hbm(programs: Iterable[Program], default_output: float, exclude: Program | None = None) -> float:
+    """The sum of ``program_cost(q).hbm`` over the programs with a request in flight (the
+    controller's HBM gate reads it for every request), written out like the tick's accounting
+    and held equal to it by the same property test."""
+    total = 0.0
+    for q in programs:
+        if q.in_flight and q is not exclude:
+            c = q.context_tokens
+            pp = q.pending_prompt_tokens
+            eo = q.expected_output_tokens
+            total += (c if c >= pp else pp) + (eo if eo > 0 else default_output)
+    return total
 
 
 def decay_weights(cfg: SchedulerConfig) -> list[float]:

@@ -215,3 +215,10 @@ def test_the_written_out_accounting_equals_the_cost_functions(s):
 
         by_members = [m.program.id for m in sorted(ld.members(idle_only=True), key=_pause_order)]
         assert [c[3] for c in ld.pause_candidates()] == by_members
+        from thunder_sgl.scheduler.cost import in_flight_hbm, program_cost
+
+        out = float(cfg.default_output_tokens)
+        on_b = table.on_backend(b.key)
+        for exclude in (None, *on_b[:1]):
+            want = sum(program_cost(q, out).hbm for q in on_b if q.in_flight and q is not exclude)
+            assert math.isclose(in_flight_hbm(table.placed_on(b.key), out, exclude), want, rel_tol=1e-9, abs_tol=EPS)
