@@ -153,7 +153,9 @@ def serve(args: argparse.Namespace, argv: Sequence[str]) -> None:
     logging.getLogger("thunder_sgl").info("args: %s", " ".join(redact(argv)))
     print(f"thunder-router {__version__}: policy {settings.policy}, {len(settings.worker_urls)} worker(s), "
           f"listening on http://{args.host}:{port}", flush=True)
-    config = uvicorn.Config(app, loop="uvloop", http="httptools", log_level=level.lower(),
+    from thunder_sgl.gateway.serving import CoalescingHttpToolsProtocol
+
+    config = uvicorn.Config(app, loop="uvloop", http=CoalescingHttpToolsProtocol, log_level=level.lower(),
                             access_log=False, lifespan="on", timeout_graceful_shutdown=5,
                             # no X-Forwarded-* rewriting (nothing reads the client address) and no
                             # Server header: a middleware layer and a header less per request

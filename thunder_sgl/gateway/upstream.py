@@ -34,8 +34,13 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from thunder_sgl import __version__
+
 HIGH_WATER = 1 << 20
 """Bytes of a response buffered for a slow reader before the worker's socket is paused."""
+
+
+_USER_AGENT = f"User-Agent: thunder-sgl/{__version__}\r\n"
 
 
 class UpstreamConnectError(ConnectionError):
@@ -317,7 +322,7 @@ class Pool:
         conn.resp = r
         if deadline is not None:
             r._timer = loop.call_at(deadline, r._on_timeout)
-        head = [f"POST {o.prefix}{path} HTTP/1.1\r\nHost: {o.host_header}\r\nContent-Length: {len(body)}\r\n"]
+        head = [f"POST {o.prefix}{path} HTTP/1.1\r\nHost: {o.host_header}\r\n{_USER_AGENT}Content-Length: {len(body)}\r\n"]
         for k, v in headers.items():
             head.append(f"{k}: {v}\r\n")
         head.append("\r\n")

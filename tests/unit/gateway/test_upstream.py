@@ -119,6 +119,7 @@ async def test_a_prefix_in_the_worker_url_is_kept_and_headers_are_sent():
         assert line == b"POST /engine/generate HTTP/1.1"
         assert headers[b"x-smg-routing-key"] == b"p1" and headers[b"authorization"] == b"Bearer k"
         assert headers[b"host"] == url.removeprefix("http://").encode() and headers[b"content-length"] == b"2"
+        assert headers[b"user-agent"].startswith(b"thunder-sgl/")
         pool.close()
 
 
