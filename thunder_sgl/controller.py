@@ -317,6 +317,10 @@ class Controller:
             p.reset_kv(now)
             self.kvrefs.forget(p)
             self.stats.kv_resets += 1
+        groups = self.programs.groups
+        for g in (*groups.live(), *groups.completed):
+            if g.home is not None and (keys is None or g.home in keys):
+                g.home = None  # its task prompt is gone from that engine's cache
         self._kick = True
         return requeued
 

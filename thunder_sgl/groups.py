@@ -12,7 +12,10 @@ scheduler reads three things from the record (``Group``):
   group's waiting members a head start in the queue (``scheduler.queue``), so a group's last
   members are not left behind by newer programs;
 - the backends its members run on (through the scheduler's own accounting of ``key``), where
-  ``scheduler.grouping.GroupPicker`` places the others when that saves the task's prefill.
+  ``scheduler.grouping.GroupPicker`` places the others when that saves the task's prefill, and
+  ``home``, the backend of the last member placed: when no member runs any more, a later
+  member (GRPO samples started in waves, a member restored after the others left) is placed
+  where the task prompt was cached last, if it fits there.
 
 The table also reports completion per group: each member's time from the group's first
 request to its release, the spread between the first and the last, and the groups completed
@@ -47,6 +50,10 @@ class Group:
     """Members whose first request has finished (the task prompt is cached after the first)."""
     completions: list[float] = field(default_factory=list)
     """Seconds from the group's creation to each released member's release, in order."""
+    home: str | None = None
+    """The backend a member was last placed on: where the engine cached the task prompt last.
+    Kept after the members there leave (released or paused), forgotten when that engine drops
+    its KV (``Controller.reset_kv``)."""
 
     @property
     def size(self) -> int:
@@ -77,7 +84,7 @@ class Group:
         median = c[len(c) // 2] if len(c) % 2 else (0.5 * (c[len(c) // 2 - 1] + c[len(c) // 2]) if c else 0.0)
         return {
             "id": self.id, "members": self.size, "live": self.live, "done": self.done,
-            "prefix_tokens": self.prefix_tokens, "prefix_learned": self.learned,
+            "prefix_tokens": self.prefix_tokens, "prefix_learned": self.learned, "home": self.home,
             "first_done_seconds": round(c[0], 3) if c else None,
             "last_done_seconds": round(c[-1], 3) if c else None,
             "median_done_seconds": round(median, 3) if c else None,

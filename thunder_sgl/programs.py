@@ -227,6 +227,8 @@ class Program:
         self.state = ProgramState.ACTIVE
         self.backend = backend
         self.prev_backend = backend
+        if self.group is not None:
+            self.group.home = backend
         self.paused_since = None
         self.waiting_since = None
         if self.in_flight == 0:

@@ -103,3 +103,23 @@ def test_thunder_paper_tracks_groups_but_does_not_count_their_prompt():
     c.submit(ticket("t-0", 3000, "t", task_tokens=1800), 0.0)
     p = c.programs.get("t-0")
     assert p.group.id == "t" and p.group_key is None
+
+
+def test_a_group_keeps_its_home_after_its_members_leave_until_that_engine_drops_its_kv():
+    c = make(n=0)
+    c.add_backend(Backend("http://big", 0, Tiers(hbm_tokens=200_000)))
+    c.add_backend(Backend("http://small", 0, Tiers(hbm_tokens=100_000)))
+    run(c, ticket("t-0", 3000, "t", task_tokens=1800), 0.0, Usage(3000, 10, 0))
+    g = c.programs.groups.get("t")
+    home = c.programs.get("t-0").backend
+    assert home == "http://big@0" or home.startswith("http://big")
+    c.release("t-0", 2.0)
+    assert g.home == home and g.live == 0
+    run(c, Ticket("x", prompt_chars=4 * 150_000), 2.5, Usage(150_000, 10, 0))  # most room: big
+    assert c.programs.get("x").backend == home  # now small has the most room
+    t1 = ticket("t-1", 3000, "t", task_tokens=1800)
+    run(c, t1, 3.0, Usage(3000, 10, 2800))
+    assert t1.backend.key == home  # the group came back to where its task was cached
+    c.release("t-1", 5.0)
+    c.reset_kv([home], 6.0)
+    assert c.programs.groups.find("t").home is None

@@ -10,7 +10,11 @@ task's KV is held twice. So ``GroupPicker`` chooses, in order:
 2. among the open backends that hold members of its group and where it fits, the one with the
    most members (then the most room, then the key): the task prompt is counted there already
    (``capacity.BackendLoad.adds`` is smaller there), and the engine has it cached;
-3. otherwise the open backend with the most room where it fits.
+3. when no open backend holds a live member where it fits: the group's ``home``, the backend
+   its last placed member went to, if it fits there (the engine cached the task prompt there
+   last, and may still hold it: members that left were released or paused, and a paused
+   member's KV stays until the engine needs the room);
+4. otherwise the open backend with the most room where it fits.
 
 Step 2 never overrides the watermarks: co-location is chosen only where the member fits
 within them, so a large group spreads over backends once one is full. A program without a
@@ -27,7 +31,8 @@ from thunder_sgl.scheduler.placement import Rooms
 
 
 class GroupPicker:
-    """Previous backend, else a backend running its group, else the most room."""
+    """Previous backend, else a backend running its group, else its group's home, else the
+    most room."""
 
     def pick(self, p: Program, pc: ProgramCost, open_loads: dict[str, BackendLoad], rooms: Rooms,
              gate_hbm: bool) -> BackendLoad | None:
@@ -48,4 +53,8 @@ class GroupPicker:
                     best, best_rank = ld, rank
             if best is not None:
                 return best
+            g = p.group
+            home = open_loads.get(g.home) if g is not None and g.home else None
+            if home is not None and home.fits(pc, gate_hbm):
+                return home
         return rooms.first(lambda ld: ld.fits(pc, gate_hbm))

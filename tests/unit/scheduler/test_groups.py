@@ -128,6 +128,33 @@ def test_the_backend_with_most_members_of_the_group_wins():
     assert [p.backend for p in d.placements] == [two.key]
 
 
+def test_with_no_member_left_running_a_member_goes_to_its_groups_home():
+    """The group's last member was placed on ``home`` and released: the next member goes
+    where the task prompt was cached last, though ``other`` has more room; a member of a
+    group without a home goes to the most room."""
+    t = ProgramTable()
+    home, other = backend("home", 100_000), backend("other", 100_000)
+    active(t, "m0", home, 30_000, prefix=SYS, group=("task", 2000))
+    active(t, "x", home, 20_000, prefix=SYS)
+    t.remove("m0", 1.0)
+    assert t.groups.find("task").home == home.key and t.groups.find("task").live == 0
+    new(t, "m1", 3100, group=("task", 2000), since=2.0)
+    new(t, "y1", 3100, group=("other-task", 2000), since=2.0)
+    d = grouped().tick(2.0, t, [home, other])
+    assert sorted((p.program_id, p.backend) for p in d.placements) == [("m1", home.key), ("y1", other.key)]
+
+
+def test_a_home_without_room_is_passed_over():
+    t = ProgramTable()
+    home, other = backend("home", 10_000), backend("other", 100_000)
+    active(t, "m0", home, 2000, group=("task", 2000))
+    active(t, "x", home, 7000)
+    t.remove("m0", 1.0)
+    new(t, "m1", 5000, group=("task", 2000), since=2.0)
+    d = grouped().tick(2.0, t, [home, other])
+    assert [(p.program_id, p.backend) for p in d.placements] == [("m1", other.key)]
+
+
 def test_a_whole_new_group_lands_on_one_backend_when_it_fits():
     t = ProgramTable()
     bs = [backend(f"b{i}", 100_000) for i in range(4)]
