@@ -27,6 +27,10 @@ thunder-sgl bench --mode http --cluster glm46-fp8-h100x8 --nodes 2 --programs 14
 thunder-sgl bench --mode des --cluster glm46-fp8-h100x8 --nodes 2 --programs 140,420 \
   --profile mini-swe-agent --routers $ROUTERS --duration 900 --warmup 600 --seed 1 \
   --name glm46-fp8-2n-des
+#     Rerun with the new default and data plane, three routers (bench/results/glm46-fp8-2n-http-new/):
+#       thunder-sgl bench --mode http --cluster glm46-fp8-h100x8 --nodes 2 --programs 140,420 \
+#         --profile mini-swe-agent --routers thunder,thunder-fixed,sglang-cache_aware --duration 900 \
+#         --warmup 600 --time-scale 8 --seed 1 --name glm46-fp8-2n-http-new
 #     (an earlier HTTP run with three routers is kept in bench/results/glm46-fp8-2n-http/:
 #      --routers thunder,sglang-cache_aware,smg-cache_aware --name glm46-fp8-2n-http)
 # (d) OpenHands profile (longer contexts) on the same 8 GLM nodes, 1×/2×/3× capacity (c̄ ≈ 38 K).
