@@ -63,8 +63,8 @@ def test_members_share_a_backend_and_their_task_prompt_and_groups_report_complet
     async def main():
         client = AsyncOpenAI(base_url=router.url + "/v1", api_key="none", max_retries=0)
         # the first member of each group alone, so its task prompt is cached for the others; it
-        # stays live (acting) while they run: placement co-locates with live members (a group
-        # whose members have all left has no backend of its own: grouping.py)
+        # stays live (acting) while they run: placement co-locates with live members first
+        # (grouping.py)
         firsts = await asyncio.gather(*[_member(client, router.url, f"{g}-s0", t, 1, "body", release=False)
                                         for g, t in tasks.items()])
         # a second step of the others, named three ways: body field, header, derived from the id

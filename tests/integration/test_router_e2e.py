@@ -98,8 +98,10 @@ def test_under_kv_pressure_programs_pause_hold_and_complete(cluster):
             await asyncio.sleep(0.05)
 
     async def main() -> list[int]:
-        client = AsyncOpenAI(base_url=router.url + "/v1", api_key="none", max_retries=0, timeout=120)
-        async with httpx.AsyncClient() as h:
+        # closed here: an SDK client left to the collector closes itself in whatever loop runs
+        # then, and a later test's loop logs the failure
+        async with AsyncOpenAI(base_url=router.url + "/v1", api_key="none", max_retries=0, timeout=120) as client, \
+                httpx.AsyncClient() as h:
             stop = asyncio.Event()
             w = asyncio.create_task(watch(stop, h))
             try:

@@ -49,8 +49,8 @@ def test_more_programs_than_the_pool_holds_pause_hold_restore_and_all_complete(s
     thunder = routers("thunder", engine.urls)
 
     async def main() -> list[int]:
-        client = AsyncOpenAI(base_url=thunder.url + "/v1", api_key="none", max_retries=0, timeout=600)
-        async with httpx.AsyncClient(timeout=30) as h:
+        async with AsyncOpenAI(base_url=thunder.url + "/v1", api_key="none", max_retries=0, timeout=600) as client, \
+                httpx.AsyncClient(timeout=30) as h:
             return await asyncio.gather(*(agent(client, h, thunder.url, f"p{i}", 5, 1000, 120, 0.3) for i in range(8)))
 
     assert asyncio.run(main()) == [5] * 8
@@ -67,8 +67,8 @@ def test_programs_migrate_off_an_engine_that_is_killed(start_cluster, routers):
     killed: dict[str, str] = {}
 
     async def main() -> list[int]:
-        client = AsyncOpenAI(base_url=thunder.url + "/v1", api_key="none", max_retries=0, timeout=600)
-        async with httpx.AsyncClient(timeout=30) as h:
+        async with AsyncOpenAI(base_url=thunder.url + "/v1", api_key="none", max_retries=0, timeout=600) as client, \
+                httpx.AsyncClient(timeout=30) as h:
             async def on_step(pid: str, step: int) -> None:
                 if pid == "m0" and step == 1 and not killed:
                     where = {p["id"]: p["backend"] for p in (await h.get(thunder.url + "/programs")).json()["data"]}
