@@ -103,16 +103,7 @@ class _Conn(asyncio.Protocol):
             else:
                 r._fail(f"the worker closed the connection{f' ({exc})' if exc else ''}")
 
-    def pause_writing(self) -> None:  # the request is written once; nothing to throttle
-        pass
-
-    def resume_writing(self) -> None:
-        pass
-
     # ---- httptools callbacks ----------------------------------------------------------
-    def on_status(self, status: bytes) -> None:
-        pass
-
     def on_header(self, name: bytes, value: bytes) -> None:
         r = self.resp
         assert r is not None
@@ -125,9 +116,7 @@ class _Conn(asyncio.Protocol):
         names = {k for k, _ in r._raw_headers}
         r._until_eof = b"content-length" not in names and b"transfer-encoding" not in names
         r._headers_done = True
-        w = r._headers_waiter
-        if w is not None and not w.done():
-            w.set_result(None)
+        r._wake()
 
     def on_body(self, body: bytes) -> None:
         r = self.resp
@@ -147,7 +136,7 @@ class _Conn(asyncio.Protocol):
 
 
 class Response:
-    """The worker's answer: ``status`` and headers once returned by ``Pool.post``, then the
+    """The worker's answer: ``status`` and ``content_type`` once returned by ``Pool.post``, then the
     body, with ``read()`` (whole) or ``iter_any()`` (as it arrives). ``release()`` gives the
     connection back to the pool if the answer was read to its end, else closes it;
     ``close()`` always closes it."""
@@ -159,7 +148,6 @@ class Response:
         self.status = 0
         self._raw_headers: list[tuple[bytes, bytes]] = []
         self._headers_done = False
-        self._headers_waiter: asyncio.Future[None] | None = None
         self._until_eof = False
         self._chunks: list[bytes] = []
         self._buffered = 0
@@ -174,10 +162,6 @@ class Response:
 
     # ---- what the proxy reads ---------------------------------------------------------
     @property
-    def headers(self) -> dict[str, str]:
-        return {k.decode("latin-1"): v.decode("latin-1") for k, v in self._raw_headers}
-
-    @property
     def content_type(self) -> str:
         for k, v in self._raw_headers:
             if k == b"content-type":
@@ -185,8 +169,7 @@ class Response:
         return "application/octet-stream"
 
     async def read(self) -> bytes:
-        while not self._complete:
-            self._raise_error()
+        while not self._complete:  # a failure completes it too
             await self._wait()
         self._raise_error()
         data = b"".join(self._chunks)
@@ -209,7 +192,6 @@ class Response:
             if self._complete:
                 self._raise_error()
                 return
-            self._raise_error()
             await self._wait()
 
     def release(self) -> None:
@@ -249,9 +231,6 @@ class Response:
             self._error = message
         self._complete = True
         self._cancel_timer()
-        w = self._headers_waiter
-        if w is not None and not w.done():
-            w.set_result(None)
         self._wake()
 
     def _on_timeout(self) -> None:
@@ -331,8 +310,7 @@ class Pool:
         try:
             while not r._headers_done:
                 r._raise_error()
-                r._headers_waiter = loop.create_future()
-                await r._headers_waiter
+                await r._wait()
         except BaseException:
             r.close()
             raise

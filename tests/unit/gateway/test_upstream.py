@@ -55,6 +55,18 @@ def ok(body: bytes, extra: bytes = b"") -> bytes:
             + str(len(body)).encode() + b"\r\n" + extra + b"\r\n" + body)
 
 
+def replies_once(raw: bytes, hold: float = 0.0) -> Handler:
+    """A handler that reads one request, writes ``raw``, keeps the connection ``hold`` seconds
+    and closes it."""
+    async def h(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        if raw:
+            writer.write(raw)
+            await writer.drain()
+        await asyncio.sleep(hold)
+    return h
+
+
 async def echo_forever(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     while True:
         line, headers, body = await read_request(reader)
@@ -150,12 +162,7 @@ async def test_chunked_streams_arrive_as_they_are_sent():
 
 
 async def test_a_body_delimited_by_the_end_of_the_connection_is_whole_and_not_reused():
-    async def h(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nall of it")
-        await writer.drain()
-
-    async with serve(h) as (url, _):
+    async with serve(replies_once(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nall of it")) as (url, _):
         pool = Pool()
         r = await pool.post(url, "/x", b"", {})
         assert await r.read() == b"all of it"
@@ -171,22 +178,14 @@ async def test_connection_refused_and_closed_before_the_status_line_are_connect_
     with pytest.raises(UpstreamConnectError, match="cannot connect"):
         await pool.post(url, "/x", b"", {})
 
-    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-
-    async with serve(hang_up) as (url, _):
+    async with serve(replies_once(b"")) as (url, _):  # reads the request, hangs up
         with pytest.raises(UpstreamConnectError, match="closed the connection"):
             await pool.post(url, "/x", b"", {})
     pool.close()
 
 
 async def test_a_body_cut_short_is_a_body_error_read_whole_or_streamed():
-    async def short(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly this")
-        await writer.drain()
-
-    async with serve(short) as (url, _):
+    async with serve(replies_once(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly this")) as (url, _):
         pool = Pool()
         r = await pool.post(url, "/x", b"", {})
         with pytest.raises(UpstreamBodyError, match="closed the connection"):
@@ -204,13 +203,7 @@ async def test_a_body_cut_short_is_a_body_error_read_whole_or_streamed():
 
 
 async def test_garbage_instead_of_http_is_an_error_not_a_hang():
-    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        writer.write(b"SSH-2.0-OpenSSH\r\n\r\n")
-        await writer.drain()
-        await asyncio.sleep(5)
-
-    async with serve(garbage) as (url, _):
+    async with serve(replies_once(b"SSH-2.0-OpenSSH\r\n\r\n", hold=5)) as (url, _):
         pool = Pool()
         with pytest.raises(UpstreamConnectError, match="unparseable"):
             await asyncio.wait_for(pool.post(url, "/x", b"", {}), 3)
@@ -218,16 +211,8 @@ async def test_garbage_instead_of_http_is_an_error_not_a_hang():
 
 
 async def test_the_total_timeout_covers_the_wait_for_headers_and_the_body():
-    async def slow_head(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        await asyncio.sleep(5)
-
-    async def slow_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
-        await writer.drain()
-        await asyncio.sleep(5)
-
+    slow_head = replies_once(b"", hold=5)
+    slow_body = replies_once(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc", hold=5)
     pool = Pool()
     async with serve(slow_head) as (url, _):
         loop = asyncio.get_running_loop()
@@ -245,13 +230,8 @@ async def test_the_total_timeout_covers_the_wait_for_headers_and_the_body():
 
 
 async def test_connections_the_worker_closed_or_idle_past_keepalive_are_not_reused():
-    async def one_then_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        writer.write(ok(b"1"))
-        await writer.drain()
-        await asyncio.sleep(0.05)  # the worker's keep-alive ran out: it closes the idle connection
-
-    async with serve(one_then_close) as (url, conns):
+    # the worker's keep-alive runs out 50 ms after its answer: it closes the idle connection
+    async with serve(replies_once(ok(b"1"), hold=0.05)) as (url, conns):
         pool = Pool()
         for _ in range(3):
             r = await pool.post(url, "/x", b"", {})
