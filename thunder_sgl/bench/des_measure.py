@@ -21,13 +21,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from thunder_sgl.bench.harness_measures import imbalance
-
-
-def _pct(values: list[float], q: float) -> float:
-    return float(np.percentile(values, q)) if values else 0.0
+from thunder_sgl.bench.stats import percentile
 
 
 @dataclass
@@ -78,12 +73,12 @@ class Recorder:
             "node_imbalance_mean": imb_mean,
             "node_imbalance_max": imb_max,
             "kv_imbalance_mean": kv_imb_mean,
-            "program_completion_p50_s": _pct(done, 50),
-            "program_completion_p99_s": _pct(done, 99),
-            "step_latency_p50_s": _pct(lat, 50),
-            "step_latency_p99_s": _pct(lat, 99),
-            "held_wait_p50_s": _pct(held, 50),
-            "held_wait_p99_s": _pct(held, 99),
+            "program_completion_p50_s": percentile(done, 50, empty=0.0),
+            "program_completion_p99_s": percentile(done, 99, empty=0.0),
+            "step_latency_p50_s": percentile(lat, 50, empty=0.0),
+            "step_latency_p99_s": percentile(lat, 99, empty=0.0),
+            "held_wait_p50_s": percentile(held, 50, empty=0.0),
+            "held_wait_p99_s": percentile(held, 99, empty=0.0),
             "held_wait_max_s": max(held) if held else 0.0,
             "held_requests": len(held),
             "programs_completed": len(done),

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from thunder_sgl.bench.stats import percentile
 from thunder_sgl.bench.workload import ProgramSpec, WorkloadProfile, program_at
 
 MODES = ("sync", "async")
@@ -97,10 +98,6 @@ def task_specs(profile: WorkloadProfile, seed: int, task: int, group_size: int) 
 # ---------------------------------------------------------------- measures
 
 
-def _pct(xs: list[float], q: float) -> float:
-    return float(np.percentile(xs, q)) if xs else 0.0
-
-
 @dataclass
 class ProgramDone:
     """One finished program of a rollout: its group, when its batch (or group) was released,
@@ -129,8 +126,10 @@ def group_measures(done: list[ProgramDone]) -> dict[str, float]:
         ratios.append(c[-1] / med if med > 0 else 1.0)
     return {
         "groups": len(by),
-        "group_spread_p50_s": _pct(spreads, 50), "group_spread_max_s": max(spreads, default=0.0),
-        "last_over_median_p50": _pct(ratios, 50), "last_over_median_max": max(ratios, default=0.0),
+        "group_spread_p50_s": percentile(spreads, 50, empty=0.0),
+        "group_spread_max_s": max(spreads, default=0.0),
+        "last_over_median_p50": percentile(ratios, 50, empty=0.0),
+        "last_over_median_max": max(ratios, default=0.0),
     }
 
 
@@ -144,8 +143,10 @@ def batch_measures(batch: int, released: float, done: list[ProgramDone], steps: 
     out: dict[str, float] = {
         "batch": batch, "released_s": released, "programs": len(done), "steps": steps,
         "makespan_s": makespan, "steps_per_min": 60.0 * steps / makespan if makespan > 0 else 0.0,
-        "completion_p50_s": _pct(comp, 50), "completion_p99_s": _pct(comp, 99),
-        "first_response_p50_s": _pct(ttfr, 50), "first_response_max_s": max(ttfr, default=0.0),
+        "completion_p50_s": percentile(comp, 50, empty=0.0),
+        "completion_p99_s": percentile(comp, 99, empty=0.0),
+        "first_response_p50_s": percentile(ttfr, 50, empty=0.0),
+        "first_response_max_s": max(ttfr, default=0.0),
         "programs_failed": sum(1 for d in done if not d.ok),
     }
     out.update(group_measures(done))

@@ -22,7 +22,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -76,9 +76,19 @@ class ProgramRecord:
     """Where the program's requests went (the router, or one engine for the direct baseline)."""
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    """The q-th percentile (linear interpolation, as numpy's default); None for no values."""
-    return float(np.percentile(values, q)) if values else None
+@overload
+def percentile(values: list[float], q: float) -> float | None: ...
+
+
+@overload
+def percentile(values: list[float], q: float, *, empty: float) -> float: ...
+
+
+def percentile(values: list[float], q: float, *, empty: float | None = None) -> float | None:
+    """The q-th percentile (linear interpolation, as numpy's default); ``empty`` for no values:
+    None by default (the workload driver's measures), 0.0 in the DES and rollout measures.
+    The bench's one percentile: every measure that reports one calls this."""
+    return float(np.percentile(values, q)) if values else empty
 
 
 @dataclass
