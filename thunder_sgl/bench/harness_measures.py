@@ -7,17 +7,18 @@
   exposition text, differences between two scrapes and interpolated quantiles.
 - ``parse_counter``: the sum of one counter or gauge over its label sets.
 
-No I/O here: the sampler and the harness fetch, these functions compute.
+No I/O here: the sampler and the harness fetch, these functions compute. Exposition text is
+read by the router's own parser (``backends.parse.parse_prometheus``).
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from thunder_sgl.backends.parse import DecodeMoments, parse_prometheus
 from thunder_sgl.bench.stats import StepRecord
 
 
@@ -50,8 +51,6 @@ def engine_busy(before: Sequence[Sequence[dict[str, Any]] | None], after: Sequen
     """Mean over engine ranks of the share of ``seconds`` they spent computing: Δ
     ``total_prefill_busy_us`` + Δ Σt of ``decode_moments`` (SGLang's own accounting of
     prefill and decode iterations, ``/v1/loads``) over the window. 0 when not reported."""
-    from thunder_sgl.backends.parse import DecodeMoments
-
     shares: list[float] = []
     if seconds <= 0:
         return 0.0
@@ -73,8 +72,6 @@ def engine_breakdown(before: Sequence[Sequence[dict[str, Any]] | None],
                      after: Sequence[Sequence[dict[str, Any]] | None]) -> dict[str, float]:
     """Σ over engine ranks of what their own counters say happened between two readings:
     prefill seconds and tokens, decode seconds, iterations, Σ batch sizes, tokens generated."""
-    from thunder_sgl.backends.parse import DecodeMoments
-
     out = {"prefill_s": 0.0, "prefill_tokens": 0.0, "decode_s": 0.0, "decode_iterations": 0.0,
            "decode_batch_sum": 0.0, "generated": 0.0}
     for b, a in zip(before, after, strict=False):
@@ -91,27 +88,12 @@ def engine_breakdown(before: Sequence[Sequence[dict[str, Any]] | None],
     return out
 
 
-_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
-_LE = re.compile(r'le="([^"]+)"')
-
-
-def _samples(text: str) -> Iterable[tuple[str, str, float]]:
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        if m:
-            try:
-                yield m.group(1), m.group(2) or "", float(m.group(3))
-            except ValueError:
-                continue
-
-
 def parse_counter(text: str, name: str) -> float:
     """Σ of the samples of ``name`` over all label sets (prometheus_client adds ``_total`` to
-    counters; both spellings are accepted)."""
-    names = {name, name + "_total"}
-    return sum(v for n, _, v in _samples(text) if n in names)
+    counters; both spellings are accepted). NaN samples are skipped, as everywhere the router
+    reads exposition text."""
+    samples = parse_prometheus(text)
+    return sum(v for n in (name, name + "_total") for _, v in samples.get(n, ()))
 
 
 @dataclass(frozen=True)
@@ -163,18 +145,14 @@ class Histogram:
 
 def parse_histogram(text: str, name: str) -> Histogram:
     """The histogram ``name`` from Prometheus exposition text, label sets summed."""
+    samples = parse_prometheus(text)
     buckets: dict[float, float] = {}
-    total = count = 0.0
-    for n, labels, v in _samples(text):
-        if n == name + "_bucket":
-            m = _LE.search(labels)
-            if m:
-                le = math.inf if m.group(1) in ("+Inf", "Inf") else float(m.group(1))
-                buckets[le] = buckets.get(le, 0.0) + v
-        elif n == name + "_sum":
-            total += v
-        elif n == name + "_count":
-            count += v
+    for labels, v in samples.get(name + "_bucket", ()):
+        if labels.get("le"):
+            le = math.inf if labels["le"] in ("+Inf", "Inf") else float(labels["le"])
+            buckets[le] = buckets.get(le, 0.0) + v
+    total = sum((v for _, v in samples.get(name + "_sum", ())), 0.0)
+    count = sum((v for _, v in samples.get(name + "_count", ())), 0.0)
     return Histogram(tuple(sorted(buckets.items())), total, count)
 
 
