@@ -16,13 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from thunder_sgl.config import from_dict, load_yaml, resolve_config_path, to_dict
+from thunder_sgl.config import _check, from_dict, load_yaml, resolve_config_path, to_dict
 from thunder_sgl.errors import ConfigError
-
-
-def _check(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
 
 
 @dataclass(frozen=True)
