@@ -74,19 +74,16 @@ class RadixTree:
         """Round a byte length down to whole pages."""
         return nbytes - nbytes % self.page_bytes
 
-    def match(self, key: bytes, now: float) -> tuple[list[Node], int]:
-        """Walk the longest page-aligned prefix of ``key`` held in any tier.
-
-        Returns the path (root excluded) and the matched length in bytes; splits the last node
-        when the match ends inside it and stamps every node on the path with ``now``.
-        """
+    def _descend(self, node: Node, pos: int, key: bytes, end: int, path: list[Node]) -> tuple[Node, int, Node | None]:
+        """Follow whole edges of ``key`` from ``node`` (which ends at byte ``pos``) up to byte
+        ``end``, appending each node passed to ``path``. Returns where the walk stopped: the
+        last node, its end in ``key``, and the child that ``key``'s next page leads into without
+        covering its whole edge (None: no child has that page, or ``end`` was reached)."""
         pb = self.page_bytes
-        end = self.align(len(key))
-        node, pos, path = self.root, 0, []
         while pos < end:
             child = node.children.get(key[pos : pos + pb])
             if child is None:
-                break
+                return node, pos, None
             ck = child.key
             n = len(ck)
             if pos + n <= end and key.startswith(ck, pos):
@@ -94,13 +91,28 @@ class RadixTree:
                 pos += n
                 node = child
                 continue
-            m = min(n, end - pos)
-            common = self.align(common_prefix_bytes(ck[:m], key[pos : pos + m]))
-            if common == 0:
-                break
-            path.append(self.split(child, common))
-            pos += common
-            break
+            return node, pos, child
+        return node, pos, None
+
+    def _common(self, child: Node, key: bytes, pos: int, end: int) -> int:
+        """Page-aligned length in bytes that ``child``'s edge shares with ``key[pos:end]``."""
+        m = min(len(child.key), end - pos)
+        return self.align(common_prefix_bytes(child.key[:m], key[pos : pos + m]))
+
+    def match(self, key: bytes, now: float) -> tuple[list[Node], int]:
+        """Walk the longest page-aligned prefix of ``key`` held in any tier.
+
+        Returns the path (root excluded) and the matched length in bytes; splits the last node
+        when the match ends inside it and stamps every node on the path with ``now``.
+        """
+        end = self.align(len(key))
+        path: list[Node] = []
+        _, pos, child = self._descend(self.root, 0, key, end, path)
+        if child is not None:
+            common = self._common(child, key, pos, end)
+            if common != 0:
+                path.append(self.split(child, common))
+                pos += common
         self.stamp(path, now)
         return path, pos
 
@@ -118,28 +130,20 @@ class RadixTree:
         pos = start_bytes if start is not None else 0
         path: list[Node] = []
         created: list[Node] = []
-        while pos < end:
-            child = node.children.get(key[pos : pos + pb])
+        while True:
+            node, pos, child = self._descend(node, pos, key, end, path)
             if child is None:
-                leaf = Node(key[pos:end], node, tiers, now, next(self._ids))
-                node.children[key[pos : pos + pb]] = leaf
-                self.num_nodes += 1
-                path.append(leaf)
-                created.append(leaf)
+                if pos < end:
+                    leaf = Node(key[pos:end], node, tiers, now, next(self._ids))
+                    node.children[key[pos : pos + pb]] = leaf
+                    self.num_nodes += 1
+                    path.append(leaf)
+                    created.append(leaf)
                 break
-            ck = child.key
-            n = len(ck)
-            if pos + n <= end and key.startswith(ck, pos):
-                path.append(child)
-                pos += n
-                node = child
-                continue
-            m = min(n, end - pos)
-            common = self.align(common_prefix_bytes(ck[:m], key[pos : pos + m]))
-            child = self.split(child, common)
-            path.append(child)
+            common = self._common(child, key, pos, end)
+            node = self.split(child, common)
+            path.append(node)
             pos += common
-            node = child
         seq = self.stamp(path, now)
         anc = start
         while anc is not None and anc is not self.root:
