@@ -26,6 +26,94 @@ MIN_POLL_SECONDS = 0.1
 
 
 @dataclass(frozen=True)
+class AdmissionConfig:
+    """How far each backend's pool is filled beyond the watermarks (``scheduler.goodput``).
+
+    ``goodput`` predicts the steps/s of each admission level from an engine model fitted online
+    and the programs' closed loop, picks the best and checks it by measurement (probes);
+    ``occupancy`` is the previous default, a controller on the share of time a request is in
+    flight (``scheduler.occupancy``); ``fixed`` admits what fits the watermarks only."""
+
+    mode: str = "goodput"
+    """goodput | occupancy | fixed."""
+
+    max_overcommit: float = 3.0
+    """Largest extra admission, as a share of the pool (3: up to four times what fits)."""
+
+    cost_ema_alpha: float = 0.2
+    """Smoothing of the router's measured times (request and tool time per step)."""
+
+    levels: int = 12
+    """goodput: admission levels between the watermarks (0) and ``max_overcommit·pool``."""
+
+    min_gain: float = 0.05
+    """goodput: predicted gain a level needs over the fixed watermarks to be chosen."""
+
+    fit_half_life_periods: float = 24.0
+    """goodput: half-life of the engine fit's memory, in periods (``tick_seconds``)."""
+
+    probe_every_periods: int = 6
+    """goodput: periods at a level between two probes of the neighbouring level."""
+
+    probe_periods: int = 4
+    """goodput: periods a probe lasts (one more settles first)."""
+
+    probe_min_steps: int = 12
+    """goodput: steps a window needs before it is compared or probed from."""
+
+    probe_margin: float = 0.05
+    """goodput: least relative gain of a probe to move the level (more when the windows are
+    short: twice the relative noise of the step counts)."""
+
+    max_bias: int = 4
+    """goodput: most levels that measurement may move the choice away from the model's."""
+
+    fallback_periods: int = 3
+    """goodput: consecutive periods measured below the watermarks' recent rate (beyond the
+    noise) after which the level returns to the watermarks."""
+
+    occupancy_target: float = 0.95
+    """occupancy: the share of time a backend should have a request in flight."""
+
+    gain: float = 1.0
+    """occupancy: share of the idle engine time one period's increase aims to fill."""
+
+    decrease: float = 0.5
+    """occupancy: multiplicative decrease of the extra admission once a backend is saturated."""
+
+    deadband: float = 0.03
+    """occupancy: no change while the occupancy is within this of the target."""
+
+    max_step: float = 0.25
+    """occupancy: largest increase of the extra admission in one period, as a share of the pool."""
+
+    MODES = ("goodput", "occupancy", "fixed")
+
+    @classmethod
+    def shorthand(cls, mode: str) -> AdmissionConfig:
+        """``admission: <mode>``; the previous configuration's ``cost`` is ``occupancy``."""
+        mode = {"cost": "occupancy"}.get(mode, mode)
+        return cls(mode=mode)
+
+    def __post_init__(self) -> None:
+        _check(self.mode in self.MODES, f"scheduler.admission.mode must be one of {list(self.MODES)}")
+        _check(0 <= self.max_overcommit <= 4, "scheduler.admission.max_overcommit must be in [0, 4]")
+        _check(0 < self.cost_ema_alpha <= 1, "scheduler.admission.cost_ema_alpha must be in (0, 1]")
+        _check(1 <= self.levels <= 64, "scheduler.admission.levels must be in [1, 64]")
+        _check(0 <= self.min_gain < 1, "scheduler.admission.min_gain must be in [0, 1)")
+        _check(self.fit_half_life_periods > 0, "scheduler.admission.fit_half_life_periods must be > 0")
+        _check(self.probe_every_periods >= 1 and self.probe_periods >= 1, "scheduler.admission probe periods must be >= 1")
+        _check(self.probe_min_steps >= 1, "scheduler.admission.probe_min_steps must be >= 1")
+        _check(0 <= self.probe_margin < 1, "scheduler.admission.probe_margin must be in [0, 1)")
+        _check(0 <= self.max_bias <= self.levels, "scheduler.admission.max_bias must be in [0, levels]")
+        _check(self.fallback_periods >= 1, "scheduler.admission.fallback_periods must be >= 1")
+        _check(0 < self.occupancy_target < 1, "scheduler.admission.occupancy_target must be in (0, 1)")
+        _check(0 < self.gain <= 4 and 0 < self.decrease <= 1, "scheduler.admission: gain in (0, 4], decrease in (0, 1]")
+        _check(0 <= self.deadband < self.occupancy_target, "scheduler.admission.deadband must be in [0, target)")
+        _check(0 < self.max_step <= 1, "scheduler.admission.max_step must be in (0, 1]")
+
+
+@dataclass(frozen=True)
 class SchedulerConfig:
     """Parameters of the program scheduler (design.md, "Scheduling model")."""
 
@@ -92,35 +180,13 @@ class SchedulerConfig:
     kick_min_interval_seconds: float = 0.05
     """Minimum spacing of event-driven ticks (on arrivals of held or new programs)."""
 
-    admission: str = "cost"
-    """How far each backend's pool is filled: ``cost`` (the watermarks plus what the measured
-    costs justify beyond them, ``scheduler/admission.py``) or ``fixed`` (the watermarks only)."""
+    admission: AdmissionConfig = field(default_factory=lambda: AdmissionConfig())
+    """How far each backend's pool is filled (``scheduler.goodput``): a section of its own.
+    The shorthand ``admission: fixed`` (or ``goodput``, ``occupancy``) sets only its mode."""
 
     session_refs: bool = True
     """Reference the KV of the programs thunder keeps (``session_id`` = program id, on workers
     started with ``--enable-session-radix-cache``) and dereference it on pause and release."""
-
-    occupancy_target: float = 0.95
-    """Cost-based admission: the share of time a backend should have a request in flight."""
-
-    admission_gain: float = 1.0
-    """Share of the idle engine time one period's increase aims to fill."""
-
-    admission_decrease: float = 0.5
-    """Multiplicative decrease of the extra admission once a backend is saturated."""
-
-    admission_deadband: float = 0.03
-    """No change while the occupancy is within this of the target (no oscillation)."""
-
-    admission_max_step: float = 0.25
-    """Largest increase of the extra admission in one period, as a share of the pool."""
-
-    max_overcommit: float = 1.0
-    """Largest extra admission, as a share of the pool (1: up to twice what fits)."""
-
-    cost_ema_alpha: float = 0.2
-    """Smoothing of the measured costs (engine time per step, prefill time per token, request
-    and tool times)."""
 
     def __post_init__(self) -> None:
         _check(self.tick_seconds > 0, "scheduler.tick_seconds must be > 0")
@@ -136,12 +202,8 @@ class SchedulerConfig:
         _check(self.default_output_tokens >= 1, "scheduler.default_output_tokens must be >= 1")
         _check(0 < self.output_ema_alpha <= 1, "scheduler.output_ema_alpha must be in (0, 1]")
         _check(self.kick_min_interval_seconds >= 0, "scheduler.kick_min_interval_seconds must be >= 0")
-        _check(self.admission in ("cost", "fixed"), "scheduler.admission must be cost or fixed")
-        _check(0 < self.occupancy_target < 1, "scheduler.occupancy_target must be in (0, 1)")
-        _check(0 < self.admission_gain <= 4 and 0 < self.admission_decrease <= 1, "admission gain in (0, 4], decrease in (0, 1]")
-        _check(0 <= self.admission_deadband < self.occupancy_target, "scheduler.admission_deadband must be in [0, target)")
-        _check(0 < self.admission_max_step <= 1 and 0 <= self.max_overcommit <= 4, "admission_max_step in (0, 1], max_overcommit in [0, 4]")
-        _check(0 < self.cost_ema_alpha <= 1, "scheduler.cost_ema_alpha must be in (0, 1]")
+        if isinstance(self.admission, str):
+            object.__setattr__(self, "admission", AdmissionConfig.shorthand(self.admission))
 
     _TIME_FIELDS = ("tick_seconds", "held_bonus_seconds", "idle_bonus_seconds", "reserve_after_seconds", "kick_min_interval_seconds",
                     "group_bonus_seconds")
@@ -456,6 +518,8 @@ def from_dict(cls: type, data: dict[str, Any] | None, where: str = "") -> Any:
 def _coerce(hint: Any, value: Any, where: str) -> Any:
     origin = typing.get_origin(hint)
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        if isinstance(value, str) and hasattr(hint, "shorthand"):
+            return hint.shorthand(value)
         if not isinstance(value, dict):
             raise ConfigError(f"{where} must be a mapping")
         return from_dict(hint, value, where)

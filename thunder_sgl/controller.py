@@ -39,6 +39,7 @@ from thunder_sgl.programs import Program, ProgramState, ProgramTable, Usage
 from thunder_sgl.scheduler import Decisions, apply, least_loaded, make_policy
 from thunder_sgl.scheduler.cost import in_flight_hbm, program_cost
 from thunder_sgl.scheduler.gate import hbm_fits
+from thunder_sgl.smoothing import ema
 from thunder_sgl.tickets import Stats, Ticket, TickResult, prefix_key_of
 from thunder_sgl.windows import Windows
 
@@ -146,24 +147,26 @@ class Controller:
     def _measure(self, b: Backend, p: Program, t: Ticket, usage: Usage, now: float) -> None:
         """What the admission rule reads of this step (``Backend.served``): its tokens, the part
         of the program's previous context the engine had to compute again, the request time."""
-        s, a = b.served, self.sched.cost_ema_alpha
+        s = b.served
         s.steps += 1
         s.prompt_tokens += usage.prompt_tokens
         s.cached_tokens += usage.cached_tokens
+        s.output_tokens += usage.completion_tokens
         if p.steps > 0:  # context_tokens is still the previous step's
             new = max(0, usage.prompt_tokens - p.context_tokens)
+            s.new_tokens += new
             s.recompute_tokens += max(0, usage.prompt_tokens - usage.cached_tokens - new)
+        else:
+            s.new_tokens += max(0, usage.prompt_tokens - usage.cached_tokens)
         if t.dispatched_at is not None:
-            d = now - t.dispatched_at
-            s.request_s = d if s.request_s <= 0 else s.request_s + a * (d - s.request_s)
+            s.request_s = ema(s.request_s, now - t.dispatched_at, self.sched.admission.cost_ema_alpha)
 
     def _learn_sizes(self, p: Program, t: Ticket, usage: Usage, first: bool) -> None:
         """Sizes learned from usage: the program's characters per token (to estimate its next
         prompt) and, from a first request's cached tokens, the shared prefix."""
         if t.prompt_chars and usage.prompt_tokens:
             cpt = t.prompt_chars / usage.prompt_tokens
-            a = self.cfg.programs.size_ema_alpha
-            p.chars_per_token = cpt if p.chars_per_token <= 0 else p.chars_per_token + a * (cpt - p.chars_per_token)
+            p.chars_per_token = ema(p.chars_per_token, cpt, self.cfg.programs.size_ema_alpha)
         if first and p.group is not None and p.group.first_step(
                 min(usage.cached_tokens, usage.prompt_tokens), p.shared_prefix_tokens if p.prefix_key else 0):
             return  # cached beyond the system prompt: the group's task prompt (``Group.first_step``)
@@ -390,8 +393,7 @@ class Controller:
         returning = p.steps > 0 and p.in_flight == 0
         p.start_request(now, estimate)
         if returning:  # the tool time since its last step (start_request measured it)
-            s, a = b.served, self.sched.cost_ema_alpha
-            s.tool_s = p.last_tool_seconds if s.tool_s <= 0 else s.tool_s + a * (p.last_tool_seconds - s.tool_s)
+            b.served.tool_s = ema(b.served.tool_s, p.last_tool_seconds, self.sched.admission.cost_ema_alpha)
         b.sent(now)
         self.kvrefs.dispatched(p, b)
         t.backend, t.dispatched_at = b, now

@@ -26,7 +26,7 @@ THUNDER = "thunder"
 SECRET_OPTIONS = ("--api-key", "--thunder-admin-api-key", "--control-plane-api-keys", "--oracle-password")
 
 
-VARIANTS = {"tier-aware": "thunder", "fixed": "thunder-fixed", "paper": "thunder-paper"}
+VARIANTS = {"tier-aware": "thunder", "occupancy": "thunder-occupancy", "fixed": "thunder-fixed", "paper": "thunder-paper"}
 """``--thunder-variant`` → program policy (``scheduler.policies.POLICIES``)."""
 
 
@@ -35,7 +35,8 @@ def add_thunder_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--thunder-config", default=None, help="YAML config of the thunder policy (default: the packaged configs/thunder.yaml)")
     g.add_argument("--thunder-variant", default="tier-aware", choices=list(VARIANTS),
                    help="tier-aware (default): HBM + HiCache tiers as one pool, HBM gate for reasoning KV, admission "
-                        "from measured engine costs, KV references; fixed: the same with the admission fixed at the "
+                        "from predicted and measured goodput, KV references; occupancy: the same with the previous admission "
+                        "rule (a controller on engine occupancy); fixed: the same with the admission fixed at the "
                         "watermarks and no KV references (the earlier default); paper: the ThunderAgent paper's method (HBM only)")
     g.add_argument("--thunder-time-scale", type=float, default=1.0,
                    help="divide every time constant of the policy by this (use the workers' --time-scale with simulated workers)")

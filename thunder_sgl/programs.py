@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from thunder_sgl.groups import Group, GroupTable
+from thunder_sgl.smoothing import ema
 
 
 class ProgramState(enum.Enum):
@@ -181,10 +182,7 @@ class Program:
             self.prompt_tokens_total += usage.prompt_tokens
             self.cached_tokens_total += usage.cached_tokens
             self.completion_tokens_total += usage.completion_tokens
-            if self.expected_output_tokens <= 0:
-                self.expected_output_tokens = float(usage.completion_tokens)
-            else:
-                self.expected_output_tokens += alpha * (usage.completion_tokens - self.expected_output_tokens)
+            self.expected_output_tokens = ema(self.expected_output_tokens, float(usage.completion_tokens), alpha)
         if self.in_flight == 0:
             self.phase = Phase.ACTING
             self.acting_since = now

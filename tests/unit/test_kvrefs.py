@@ -8,7 +8,7 @@ from thunder_sgl.backends import Backend, Tiers
 from thunder_sgl.config import RouterConfig, SchedulerConfig
 from thunder_sgl.controller import Controller, Ticket
 from thunder_sgl.programs import Usage
-from thunder_sgl.scheduler.admission import AdmissionState
+from thunder_sgl.scheduler.goodput import AdmissionState
 
 
 def make(flag: bool = True, policy: str = "thunder", n: int = 1) -> Controller:
@@ -37,7 +37,7 @@ def test_a_request_carries_its_program_id_as_session_where_the_worker_and_policy
 
 
 def test_release_and_pause_close_the_session_on_its_backend():
-    c = make()
+    c = make(policy="thunder-occupancy")  # its first period admits r beside q, then pauses q
     t = send(c, "p", 1000, 0.0)
     c.finish(t, 1.0, Usage(1000, 10))
     key = t.backend.key

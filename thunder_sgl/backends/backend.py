@@ -16,10 +16,29 @@ would let the scheduler overcommit by a whole HBM's worth of tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from thunder_sgl.backends.parse import RankLoad
+
+
+class AdmissionLevel(Protocol):
+    """What the backend keeps of its admission rule's state (the rules: ``scheduler.goodput``,
+    ``scheduler.occupancy``)."""
+
+    @property
+    def extra(self) -> float:
+        """Tokens admitted beyond ``λ_max·pool``."""
+        ...
+
+    @property
+    def protect(self) -> float:
+        """Tokens of KV kept referenced (inf: all that fits)."""
+        ...
+
+    def view(self) -> dict[str, object]:
+        """What ``GET /workers`` and ``/metrics`` show of it."""
+        ...
 
 INCLUSIVE_WRITE_POLICIES = frozenset({"write_through", "write_through_selective"})
 
@@ -81,6 +100,9 @@ class Live:
     """Seconds the engine spent in prefill and decode iterations since it started
     (``total_prefill_busy_us`` + Σt of ``decode_moments``)."""
     prefill_busy_s_total: float = 0.0
+    decode_moments: tuple[float, ...] | None = None
+    """SGLang's cumulative ``decode_moments`` [n, Σb, Σt (s), Σb², Σb·t (s)] (None: not reported);
+    the goodput rule fits the decode iteration time on the batch size from their differences."""
     reports_busy: bool = False
     """The engine reports those counters (SGLang 0.5.23 does; older versions do not)."""
 
@@ -90,6 +112,8 @@ class Live:
         self.token_usage, self.cache_hit_rate, self.retracted_reqs = r.token_usage, r.cache_hit_rate, r.retracted_reqs
         self.prefill_tokens_total, self.prefill_busy_s_total = r.prefill_tokens_total, r.prefill_busy_s_total
         self.engine_busy_s_total = r.prefill_busy_s_total + (r.decode.busy_s if r.decode is not None else 0.0)
+        dm = r.decode
+        self.decode_moments = None if dm is None else (dm.n, dm.sum_b, dm.sum_t_us / 1e6, dm.sum_b2, dm.sum_bt / 1e6)
         self.reports_busy = self.reports_busy or r.prefill_busy_s_total > 0 or r.decode is not None
         if host is not None:
             self.host_used_tokens = host[1]
@@ -108,6 +132,10 @@ class Served:
     recompute_tokens: int = 0
     """Prompt tokens prefilled that the program had computed before (its context minus the
     part the engine still had cached), summed over steps."""
+    new_tokens: int = 0
+    """Prompt tokens new to their program (its observation; a first step's uncached prompt)."""
+    output_tokens: int = 0
+    """Completion tokens of the steps."""
     occupied_s: float = 0.0
     busy_since: float | None = None
     """When the backend last went from no request in flight to one (None: none in flight)."""
@@ -143,9 +171,10 @@ class Backend:
     session_refs: bool = False
     """The worker runs with ``--enable-session-radix-cache`` (a ``session_id`` references KV)."""
     served: Served = field(default_factory=Served)
-    admission: object = None
-    """The admission rule's state for this backend (``scheduler.admission.AdmissionState``;
-    None until its first update). Written only by ``scheduler.apply``."""
+    admission: AdmissionLevel | None = None
+    """The admission rule's state for this backend (``scheduler.goodput.AdmissionState``, or
+    ``scheduler.occupancy.OccupancyState``; None until its first update). Written only from the
+    tick's ``Decisions``."""
 
     def sent(self, now: float) -> None:
         """A request went to this backend."""

@@ -88,6 +88,7 @@ class Worker:
                     "running_reqs": b.live.running_reqs,
                     "waiting_reqs": b.live.waiting_reqs,
                     "inflight": b.inflight,
+                    "admission": b.admission.view() if b.admission is not None else None,
                 }
                 for b in self.backends
             ],

@@ -19,9 +19,13 @@ DIRECT = "direct"
 """No router: each client talks straight to one engine (the request-level engine)."""
 
 THUNDER_FIXED = "thunder-fixed"
-"""thunder with the admission fixed at the watermarks and no KV references (the earlier default)."""
+"""thunder with the admission fixed at the watermarks and no KV references (the default
+before the cost-based rules)."""
 
-ALL_ROUTERS = (ROUTERS[0], THUNDER_FIXED, *ROUTERS[1:], DIRECT)
+THUNDER_OCCUPANCY = "thunder-occupancy"
+"""thunder with the previous default admission rule (a controller on engine occupancy)."""
+
+ALL_ROUTERS = (ROUTERS[0], THUNDER_OCCUPANCY, THUNDER_FIXED, *ROUTERS[1:], DIRECT)
 """Every router a sweep may name."""
 
 

@@ -22,6 +22,23 @@ if TYPE_CHECKING:
 HELD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
 
 
+ADMISSION_GAUGES = (
+    ("level", "Admission level chosen per backend (0: the fixed watermarks)"),
+    ("model_level", "Admission level the goodput model predicts best"),
+    ("bias", "Levels measurement moved the choice from the model's"),
+    ("extra_tokens", "Tokens admitted beyond lambda_max x pool"),
+    ("programs", "Programs the admission level runs (predicted)"),
+    ("protected_programs", "Of them with their KV referenced"),
+    ("predicted_steps_per_s", "Steps/s the model predicts at the chosen level"),
+    ("predicted_fixed_steps_per_s", "Steps/s the model predicts at the fixed watermarks"),
+    ("measured_steps_per_s", "Steps/s measured at the chosen level (current window)"),
+    ("fixed_measured_steps_per_s", "Steps/s last measured at the fixed watermarks"),
+    ("probes", "Admission probes started"),
+    ("fallbacks", "Falls back to the fixed watermarks after a measured loss"),
+)
+"""The admission rule's state per backend, as gauges (``scheduler.goodput.AdmissionState.view``)."""
+
+
 class GatewayMetrics:
     def __init__(self, gw: Gateway) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -106,6 +123,9 @@ class _StateCollector(Collector):
                                  labels=["backend", "tier"])
         healthy = GaugeMetricFamily("thunder_backend_healthy", "1 when the backend is available", labels=["backend"])
         active = GaugeMetricFamily("thunder_backend_programs", "Active programs per backend", labels=["backend"])
+        adm = {name: GaugeMetricFamily(f"thunder_admission_{name}", doc, labels=["backend"]) for name, doc in ADMISSION_GAUGES}
+        probe = GaugeMetricFamily("thunder_admission_probe", "Admission probe under way: 1 up, -1 down, 0 none",
+                                  labels=["backend"])
         last = self.gw.metrics.last_demand
         for b in c.backend_list():
             demand.add_metric([b.key], last.get(b.key, 0.0))
@@ -116,4 +136,10 @@ class _StateCollector(Collector):
             used.add_metric([b.key, "host"], b.live.host_used_tokens)
             healthy.add_metric([b.key], 1.0 if b.available(self.gw.clock(), self.gw.cfg.monitor.stale_after_seconds) else 0.0)
             active.add_metric([b.key], len(c.programs.on_backend(b.key)))
-        yield from (demand, cap, used, healthy, active)
+            view = b.admission.view() if b.admission is not None else {}
+            for name, _ in ADMISSION_GAUGES:
+                v = view.get(name)
+                if isinstance(v, (int, float)):
+                    adm[name].add_metric([b.key], float(v))
+            probe.add_metric([b.key], {"up": 1.0, "down": -1.0}.get(str(view.get("probe")), 0.0))
+        yield from (demand, cap, used, healthy, active, *adm.values(), probe)

@@ -58,11 +58,18 @@ class BackendLoad:
     extra: float = 0.0
     """Tokens the admission rule allows beyond the watermarks."""
     fit_limit: float = 0.0
-    """``λ_max·pool``: programs beyond it run without a KV reference (overcommitted)."""
+    """``λ_max·pool``: what fits."""
+    protect_limit: float = 0.0
+    """``min(λ_max·pool, protect)``: programs beyond it in pause order run without a KV
+    reference (overcommitted) when the backend is admitted beyond ``fit_limit``."""
     demand: float = 0.0
     reasoning: float = 0.0
     tokens: float = 0.0
     """Σ c of the accounted programs (their mean context is ``tokens / accounted``)."""
+    private_tokens: float = 0.0
+    """Σ (c − s) of the accounted programs, undecayed."""
+    output: float = 0.0
+    """Σ expected output per step of the accounted programs."""
     active: int = 0
     """Programs counted now (accounted + placed − removed in this tick)."""
     progs: list[Program] = field(default_factory=list)
@@ -73,18 +80,20 @@ class BackendLoad:
     needs to give each program the cost and weight the totals were made of."""
 
     @classmethod
-    def for_backend(cls, b: Backend, cfg: SchedulerConfig, extra: float = 0.0) -> BackendLoad:
+    def for_backend(cls, b: Backend, cfg: SchedulerConfig, extra: float = 0.0,
+                    protect: float = float("inf")) -> BackendLoad:
         """The backend's load with the policy's watermarks; ``extra``: tokens the admission
-        rule allows beyond both (``admission``)."""
+        rule allows beyond both, ``protect``: tokens it keeps referenced (``goodput``)."""
         pool = b.tiers.pool(cfg.tier_aware, cfg.host_weight, cfg.storage_weight)
         load = cls(backend=b, pool=pool, limit_hi=0.0, limit_lo=0.0, hbm_limit=cfg.hbm_lambda * b.tiers.hbm_tokens)
-        load.set_extra(cfg, extra)
+        load.set_extra(cfg, extra, protect)
         return load
 
-    def set_extra(self, cfg: SchedulerConfig, extra: float) -> None:
+    def set_extra(self, cfg: SchedulerConfig, extra: float, protect: float = float("inf")) -> None:
         """Watermarks ``λ·pool + extra``; ``fit_limit`` stays ``λ_max·pool`` (what fits)."""
         self.extra = extra
         self.fit_limit = cfg.lambda_max * self.pool
+        self.protect_limit = min(self.fit_limit, protect)
         self.limit_hi = self.fit_limit + extra
         self.limit_lo = cfg.lambda_min * self.pool + extra
 
@@ -94,7 +103,7 @@ class BackendLoad:
         This is ``cost.program_cost`` and ``cost.weight`` written out (no object per program:
         at 10,000 programs the calls were most of a tick); ``members`` builds the objects for
         the few backends that must pause, and a test checks that both give the same totals."""
-        demand = reasoning = tokens = 0.0
+        demand = reasoning = tokens = private_total = output = 0.0
         counts, shared = self.key_counts, self.key_shared
         ntab = len(table)
         for p in progs:
@@ -108,9 +117,13 @@ class BackendLoad:
             gt = p.group.prefix_tokens if gkey and p.group is not None else 0  # type: ignore[union-attr]
             sh = full + gt
             private = c - sh if sh < c else 0
+            private_total += private
+            eo = p.expected_output_tokens
+            if eo <= 0:
+                eo = default_out
+            output += eo
             if p.phase is _REASONING or p.held:  # gated: full weight, counts in the HBM condition
-                eo = p.expected_output_tokens
-                reasoning += c + (eo if eo > 0 else default_out)
+                reasoning += c + eo
                 demand += private
             else:
                 a = p.acting_since
@@ -142,6 +155,8 @@ class BackendLoad:
         self.demand += demand
         self.reasoning += reasoning
         self.tokens += tokens
+        self.private_tokens += private_total
+        self.output += output
         self.active += len(progs)
 
     def pause_candidates(self) -> list[tuple[bool, float, int, str, Program]]:

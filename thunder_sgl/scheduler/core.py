@@ -7,9 +7,11 @@ No I/O and no clock reads: time and state come in, decisions go out, nothing is 
    (``capacity.BackendLoad``, quantities from ``cost``). Paused and new programs form the
    global waiting queue.
 2. **Admission level.** Each backend's watermarks are ``λ_max·pool`` and ``λ_min·pool``, plus
-   the extra tokens the admission rule allows beyond them (``admission``: 0 for the
-   fixed-threshold policies). On a backend admitted beyond ``λ_max·pool``, the programs past
-   it in pause order (acting, lowest weight, shortest) are *overcommitted*: their KV is not
+   the extra tokens the admission rule allows beyond them (``goodput``, the default: the
+   level with the best predicted and measured steps/s; ``occupancy``, the previous rule; 0
+   for ``fixed``). On a backend admitted beyond ``λ_max·pool``, the programs past what the
+   rule protects (``λ_max·pool``, or less when the rule finds references cost more than they
+   save) in pause order (acting, lowest weight, shortest) are *overcommitted*: their KV is not
    referenced (``Decisions.unref``), so the engine evicts it before that of the others.
 3. **Pause (thrash check).** On a backend whose demand exceeds its high watermark, pause idle
    programs — acting ones before ones whose request the HBM gate holds — by lowest decayed
@@ -31,13 +33,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from thunder_sgl.backends.backend import Backend
+from thunder_sgl.backends.backend import AdmissionLevel, Backend
 from thunder_sgl.config import SchedulerConfig
 from thunder_sgl.programs import Program, ProgramState, ProgramTable
-from thunder_sgl.scheduler import admission, queue
-from thunder_sgl.scheduler.admission import AdmissionState, BackendView
+from thunder_sgl.scheduler import goodput, occupancy, queue
 from thunder_sgl.scheduler.capacity import BackendLoad, Member
 from thunder_sgl.scheduler.cost import decay_weights
+from thunder_sgl.scheduler.goodput import BackendView
 from thunder_sgl.scheduler.placement import (
     Picker,
     Placement,
@@ -60,7 +62,7 @@ class Decisions:
     """Per backend, demand after the decisions."""
     pool: dict[str, float] = field(default_factory=dict)
     """Per backend, the pool capacity the decisions were made against."""
-    admission: dict[str, AdmissionState] = field(default_factory=dict)
+    admission: dict[str, AdmissionLevel] = field(default_factory=dict)
     """Per backend, the admission rule's new state (its ``extra`` set the watermarks)."""
     unref: frozenset[str] = frozenset()
     """Active programs whose KV should not be referenced (overcommitted)."""
@@ -81,11 +83,13 @@ class ThunderScheduler:
 
     def tick(self, now: float, programs: ProgramTable, backends: Sequence[Backend]) -> Decisions:
         cfg = self.cfg
-        loads = {b.key: BackendLoad.for_backend(b, cfg, _extra(b)) for b in backends}
+        ruled = cfg.admission.mode != "fixed"
+        loads = {b.key: BackendLoad.for_backend(b, cfg, _extra(b), _protect(b)) if ruled
+                 else BackendLoad.for_backend(b, cfg) for b in backends}
         default_out = float(cfg.default_output_tokens)
         for key, load in loads.items():
             load.account(programs.on_backend(key), now, cfg.tick_seconds, self._decay, default_out)
-        levels = self._admission_levels(now, loads, programs.waiting_count > 0)
+        levels = self._admission_levels(now, loads, programs.waiting_count)
         pauses = self._orphans(programs, loads)
         for load in loads.values():
             if not load.backend.available(now, self.stale_after):
@@ -110,24 +114,39 @@ class ThunderScheduler:
         return queue.order(waiting, self.cfg)
 
     # ---- admission level -------------------------------------------------------------------
-    def _admission_levels(self, now: float, loads: dict[str, BackendLoad], waiting: bool) -> dict[str, AdmissionState]:
-        out = {}
+    def _admission_levels(self, now: float, loads: dict[str, BackendLoad], waiting: int) -> dict[str, AdmissionLevel]:
+        mode = self.cfg.admission.mode
+        if mode == "fixed":
+            return {}
+        out: dict[str, AdmissionLevel] = {}
         for key, ld in loads.items():
             b = ld.backend
-            st = b.admission if isinstance(b.admission, AdmissionState) else None
-            view = BackendView(ld.pool, ld.demand, ld.limit_lo, ld.tokens / ld.active if ld.active else 0.0, waiting)
-            new = admission.update(st, b, view, now, self.cfg)
-            if new.extra != ld.extra:
-                ld.set_extra(self.cfg, new.extra)
+            new: AdmissionLevel
+            if mode == "goodput":
+                st = b.admission if isinstance(b.admission, goodput.AdmissionState) else None
+                new = goodput.update(st, b, self._view(ld, waiting), now, self.cfg)
+            else:
+                ost = b.admission if isinstance(b.admission, occupancy.OccupancyState) else None
+                new = occupancy.update(ost, b, self._view(ld, waiting), now, self.cfg)
+            if new.extra != ld.extra or new.protect != ld.protect_limit:
+                ld.set_extra(self.cfg, new.extra, new.protect)
             out[key] = new
         return out
+
+    def _view(self, ld: BackendLoad, waiting: int) -> BackendView:
+        n = ld.active
+        return BackendView(pool=ld.pool, fit_limit=ld.fit_limit, demand=ld.demand,
+                           shared=float(sum(ld.key_shared.values())), active=n,
+                           context=ld.private_tokens / n if n else 0.0,
+                           output=ld.output / n if n else float(self.cfg.default_output_tokens),
+                           supply=n + waiting, limit_lo=ld.limit_lo, mean_tokens=ld.tokens / n if n else 0.0)
 
     @staticmethod
     def _overcommitted(loads: Iterable[BackendLoad]) -> frozenset[str]:
         """Programs beyond ``λ_max·pool`` in pause order, on backends admitted past it."""
         out: set[str] = set()
         for ld in loads:
-            over = ld.demand - ld.fit_limit
+            over = ld.demand - ld.protect_limit
             if ld.extra <= 0 or over <= EPS:
                 continue
             freed = 0.0
@@ -185,8 +204,11 @@ def _pause_order(m: Member) -> tuple[bool, float, int, str]:
 
 
 def _extra(b: Backend) -> float:
-    st = b.admission
-    return st.extra if isinstance(st, AdmissionState) else 0.0
+    return b.admission.extra if b.admission is not None else 0.0
+
+
+def _protect(b: Backend) -> float:
+    return b.admission.protect if b.admission is not None else float("inf")
 
 
 def apply(decisions: Decisions, programs: ProgramTable, now: float) -> tuple[list[Program], list[Program]]:

@@ -5,11 +5,13 @@ A program policy is an entry of ``POLICIES``: a scheduler class (anything with t
 ``SchedulerConfig``. A new scheduler is a new entry, not an edit of the controller.
 
 - ``thunder``: the full policy — tier-aware pool, HBM gate, the admission level chosen from
-  the engine's measured costs (``admission``), and groups (``groups``: a group's task prompt
-  counted once per backend, members placed together by ``grouping.GroupPicker``, groups aged
-  in the queue).
+  predicted and measured goodput (``goodput``), KV references, and groups (``groups``: a
+  group's task prompt counted once per backend, members placed together by
+  ``grouping.GroupPicker``, groups aged in the queue).
+- ``thunder-occupancy``: the same with the previous default admission rule, a controller on
+  engine occupancy (``occupancy``), as it ran before the goodput rule; kept for comparison.
 - ``thunder-fixed``: the same with the admission level fixed at the watermarks and no KV
-  references (the default before the cost-based rule; kept for comparison).
+  references (the default before the cost-based rules; kept for comparison).
 - ``thunder-paper``: the method as the ThunderAgent paper describes it: pool = HBM only, no
   HBM gate, λ_max = λ_min = 1, fixed admission, no groups.
 """
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from thunder_sgl.backends.backend import Backend
-from thunder_sgl.config import SchedulerConfig
+from thunder_sgl.config import AdmissionConfig, SchedulerConfig
 from thunder_sgl.errors import ConfigError
 from thunder_sgl.programs import Program, ProgramTable
 from thunder_sgl.scheduler.core import Decisions, ThunderScheduler
@@ -57,15 +59,23 @@ def thunder(cfg: SchedulerConfig, stale_after: float) -> ThunderScheduler:
     return ThunderScheduler(cfg, stale_after, GroupPicker() if cfg.groups else None)
 
 
+def _fixed(cfg: SchedulerConfig) -> AdmissionConfig:
+    return dataclasses.replace(cfg.admission, mode="fixed")
+
+
 POLICIES: dict[str, PolicyEntry] = {
     "thunder": PolicyEntry(thunder, lambda cfg: cfg,
-                           "tier-aware pool, HBM gate, admission level from measured engine costs"),
+                           "tier-aware pool, HBM gate, admission level from predicted and measured goodput"),
+    "thunder-occupancy": PolicyEntry(
+        thunder, lambda cfg: dataclasses.replace(
+            cfg, admission=dataclasses.replace(cfg.admission, mode="occupancy", max_overcommit=1.0)),
+        "thunder with the previous default admission rule (a controller on engine occupancy)"),
     "thunder-fixed": PolicyEntry(
-        thunder, lambda cfg: dataclasses.replace(cfg, admission="fixed", session_refs=False),
+        thunder, lambda cfg: dataclasses.replace(cfg, admission=_fixed(cfg), session_refs=False),
         "thunder with the admission level fixed at the watermarks and no KV references (the earlier default)"),
     "thunder-paper": PolicyEntry(
         ThunderScheduler,
-        lambda cfg: dataclasses.replace(cfg, tier_aware=False, lambda_max=1.0, lambda_min=1.0, admission="fixed",
+        lambda cfg: dataclasses.replace(cfg, tier_aware=False, lambda_max=1.0, lambda_min=1.0, admission=_fixed(cfg),
                                         session_refs=False, groups=False),
         "the paper's method: pool = HBM, no HBM gate, both watermarks at 1"),
 }

@@ -1,4 +1,8 @@
-"""How far to fill each backend's pool: the admission level, from the costs the router measures.
+"""The previous default admission rule (``admission.mode: occupancy``): a controller on occupancy.
+
+Kept beside ``goodput`` (the default) so benchmarks can run the two side by side. Its knobs are
+in ``scheduler.admission`` (``occupancy_target``, ``gain``, ``decrease``, ``deadband``,
+``max_step``, ``max_overcommit``, ``cost_ema_alpha``).
 
 The fixed watermarks (``λ_max·pool``, ``λ_min·pool``) admit the programs whose KV fits. That is
 right when recomputing a context costs much more than anything else (the GPU regime of the
@@ -36,14 +40,17 @@ returns the next state (the tick stores it on the backend through ``Decisions``)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from thunder_sgl.backends.backend import Backend
 from thunder_sgl.config import SchedulerConfig
+from thunder_sgl.scheduler.goodput import BackendView
+from thunder_sgl.smoothing import ema
 
 
 @dataclass(frozen=True, slots=True)
-class AdmissionState:
+class OccupancyState:
     extra: float = 0.0
     """Tokens admitted beyond the watermarks."""
     at: float | None = None
@@ -61,24 +68,19 @@ class AdmissionState:
     token_s: float = 0.0
     """EMA: engine prefill seconds per token."""
 
+    @property
+    def protect(self) -> float:
+        """Every program within ``λ_max·pool`` keeps its references (as before)."""
+        return math.inf
 
-@dataclass(frozen=True, slots=True)
-class BackendView:
-    """What the tick knows of a backend when it updates the rule."""
-
-    pool: float
-    demand: float
-    limit_lo: float
-    """The low watermark with the current extra (the backend refuses restores at or above it)."""
-    mean_context: float
-    waiting: bool
-    """Programs wait in the global queue."""
+    def view(self) -> dict[str, object]:
+        return {"rule": "occupancy", "extra_tokens": round(self.extra), "occupancy": round(self.occupancy, 4),
+                "step_s": round(self.step_s, 6), "token_s": round(self.token_s, 9)}
 
 
-def update(state: AdmissionState | None, b: Backend, v: BackendView, now: float, cfg: SchedulerConfig) -> AdmissionState:
-    st = state if state is not None else AdmissionState()
-    if cfg.admission == "fixed":
-        return st if st.extra == 0.0 else replace(st, extra=0.0)
+def update(state: OccupancyState | None, b: Backend, v: BackendView, now: float, cfg: SchedulerConfig) -> OccupancyState:
+    ac = cfg.admission
+    st = state if state is not None else OccupancyState()
     if st.at is None:
         return _snapshot(st, b, now)
     dt = now - st.at
@@ -86,33 +88,30 @@ def update(state: AdmissionState | None, b: Backend, v: BackendView, now: float,
         return st
     served, live = b.served, b.live
     occ = min(1.0, max(0.0, (served.occupied(now) - st.occupied) / dt))
-    a = cfg.cost_ema_alpha
+    a = ac.cost_ema_alpha
     step_s, token_s = st.step_s, st.token_s
     dsteps = served.steps - st.steps
     if live.reports_busy and dsteps > 0:
-        step_s = _ema(step_s, (live.engine_busy_s_total - st.engine_busy) / dsteps, a)
+        step_s = ema(step_s, (live.engine_busy_s_total - st.engine_busy) / dsteps, a)
     dtok = live.prefill_tokens_total - st.prefill_tokens
     if dtok > 0:
-        token_s = _ema(token_s, (live.prefill_busy_s_total - st.prefill_s) / dtok, a)
+        token_s = ema(token_s, (live.prefill_busy_s_total - st.prefill_s) / dtok, a)
     extra = st.extra
-    target, band = cfg.occupancy_target, cfg.admission_deadband
-    if occ < target - band and v.waiting and v.demand >= v.limit_lo:
+    target, band = ac.occupancy_target, ac.deadband
+    if occ < target - band and v.supply > v.active and v.demand >= v.limit_lo:
         step = step_s or served.request_s or cfg.tick_seconds
-        w = step + v.mean_context * token_s
+        w = step + v.mean_tokens * token_s
         cycle = (served.request_s + served.tool_s) or cfg.tick_seconds
-        add = cfg.admission_gain * (target - occ) * cycle / w * v.mean_context
-        extra += min(add, cfg.admission_max_step * v.pool)
+        add = ac.gain * (target - occ) * cycle / w * v.mean_tokens
+        extra += min(add, ac.max_step * v.pool)
     elif occ > target + band and extra > 0:
-        extra *= max(0.0, 1.0 - cfg.admission_decrease * (occ - target) / (1.0 - target))
-    extra = min(max(extra, 0.0), cfg.max_overcommit * v.pool)
+        extra *= max(0.0, 1.0 - ac.decrease * (occ - target) / (1.0 - target))
+    extra = min(max(extra, 0.0), ac.max_overcommit * v.pool)
     return replace(_snapshot(st, b, now), extra=extra, occupancy=occ, step_s=step_s, token_s=token_s)
 
 
-def _snapshot(st: AdmissionState, b: Backend, now: float) -> AdmissionState:
+def _snapshot(st: OccupancyState, b: Backend, now: float) -> OccupancyState:
     s, lv = b.served, b.live
     return replace(st, at=now, occupied=s.occupied(now), steps=s.steps, engine_busy=lv.engine_busy_s_total,
                    prefill_s=lv.prefill_busy_s_total, prefill_tokens=lv.prefill_tokens_total)
 
-
-def _ema(old: float, new: float, a: float) -> float:
-    return new if old <= 0 else old + a * (new - old)

@@ -1,4 +1,5 @@
-"""The cost-based admission rule (scheduler/admission.py): how far each backend's pool is filled."""
+"""The previous default admission rule (scheduler/occupancy.py, ``admission.mode: occupancy``):
+a controller on engine occupancy."""
 
 from __future__ import annotations
 
@@ -9,18 +10,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sched_scenarios import active, backend, paused
 
-from thunder_sgl.config import SchedulerConfig
+from thunder_sgl.config import AdmissionConfig, SchedulerConfig
 from thunder_sgl.programs import ProgramTable
 from thunder_sgl.scheduler import ThunderScheduler
-from thunder_sgl.scheduler.admission import AdmissionState, BackendView, update
+from thunder_sgl.scheduler.goodput import BackendView
+from thunder_sgl.scheduler.occupancy import OccupancyState as AdmissionState
+from thunder_sgl.scheduler.occupancy import update
 
-CFG = SchedulerConfig()
+CFG = SchedulerConfig(admission=AdmissionConfig(mode="occupancy", max_overcommit=1.0))
+A = CFG.admission
 POOL = 100_000.0
 
 
 def view(occupied_pool: bool = True, waiting: bool = True, mean: float = 5000.0) -> BackendView:
     lo = CFG.lambda_min * POOL
-    return BackendView(POOL, lo + 1 if occupied_pool else lo - 10_000, lo, mean, waiting)
+    return BackendView(pool=POOL, fit_limit=CFG.lambda_max * POOL, demand=lo + 1 if occupied_pool else lo - 10_000,
+                       shared=0.0, active=10, context=mean, output=256.0, supply=11 if waiting else 10, limit_lo=lo,
+                       mean_tokens=mean)
 
 
 def period(b, st: AdmissionState, occupancy: float, now: float, steps: int = 10, busy_per_step: float = 1.0,
@@ -44,10 +50,16 @@ def started(b, cfg: SchedulerConfig = CFG) -> AdmissionState:
 def test_fixed_admission_never_goes_beyond_the_watermarks():
     cfg = dataclasses.replace(CFG, admission="fixed")
     b = backend("a", int(POOL))
-    st = started(b, cfg)
+    t = ProgramTable()
     for i in range(10):
-        st = period(b, st, 0.2, i * cfg.tick_seconds, cfg=cfg)
-    assert st.extra == 0.0
+        active(t, f"p{i}", b, 10_000)
+    paused(t, "w", b, 5_000, since=-100.0, held=1)
+    sched = ThunderScheduler(cfg)
+    for i in range(10):
+        b.served.occupied_s += 0.2 * cfg.tick_seconds
+        d = sched.tick(i * cfg.tick_seconds, t, [b])
+        assert d.admission == {}  # no rule runs: the watermarks alone
+    assert b.admission is None
 
 
 def test_an_idle_engine_with_programs_waiting_admits_what_fills_the_idle_time():
@@ -56,7 +68,7 @@ def test_an_idle_engine_with_programs_waiting_admits_what_fills_the_idle_time():
     st = period(b, st, 0.55, 0.0)
     # w = 1 s per step + 5,000 tokens × 0.1 ms = 1.5 s; cycle 10 s; idle to fill 0.95 − 0.55
     expected = 1.0 * (0.95 - 0.55) * 10.0 / 1.5 * 5000.0
-    assert st.extra == pytest.approx(min(expected, CFG.admission_max_step * POOL))
+    assert st.extra == pytest.approx(min(expected, A.max_step * POOL))
     assert st.occupancy == pytest.approx(0.55) and st.step_s == pytest.approx(1.0) and st.token_s == pytest.approx(1e-4)
 
 
@@ -75,7 +87,7 @@ def test_a_saturated_engine_gives_back_extra_admission_multiplicatively():
     b = backend("a", int(POOL))
     st = dataclasses.replace(started(b), extra=40_000.0)
     st = period(b, st, 1.0, 0.0)
-    assert st.extra == pytest.approx(40_000.0 * (1 - CFG.admission_decrease))
+    assert st.extra == pytest.approx(40_000.0 * (1 - A.decrease))
     for i in range(30):
         st = period(b, st, 1.0, (i + 1) * CFG.tick_seconds)
     assert 0.0 <= st.extra < 100
@@ -106,8 +118,8 @@ def test_extra_stays_within_bounds_and_moves_at_most_one_step_per_period(occs, b
     for i, occ in enumerate(occs):
         before = st.extra
         st = period(b, st, occ, i * CFG.tick_seconds, busy_per_step=busy, prefill_s_per_token=tok, v=v)
-        assert 0.0 <= st.extra <= CFG.max_overcommit * POOL
-        assert st.extra - before <= CFG.admission_max_step * POOL + 1e-6
+        assert 0.0 <= st.extra <= A.max_overcommit * POOL
+        assert st.extra - before <= A.max_step * POOL + 1e-6
 
 
 @settings(max_examples=100, deadline=None)

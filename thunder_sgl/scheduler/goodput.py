@@ -1,0 +1,513 @@
+"""Admission from goodput: how far to fill each backend, chosen by predicted and measured steps/s.
+
+The fixed watermarks admit the programs whose KV fits the pool. That is right when recomputing
+a context costs more than anything else (a GPU: prefill is expensive, decode batches nearly
+for free) and wrong when the admitted programs leave the batch under-filled while they wait on
+tools and a recompute is cheap (small or KV-bound engines, a pool that holds a few contexts).
+This rule predicts the steps per second of each admission level from a model of the engine
+fitted online and a model of the closed loop of programs, picks the best, and checks the pick
+against measurement. Per backend, once per period (``tick_seconds``):
+
+**1. The engine, fitted from its own counters** (``/v1/loads``, SGLang 0.5.23; the simulator
+reports the same). Discounted least squares (half-life ``fit_half_life_periods``) over:
+
+- decode iterations: ``t_dec(B) = d0 + d1·B`` from the differences of SGLang's
+  ``decode_moments`` ``[n, Σb, Σt, Σb², Σb·t]`` (the KV the batch holds grows with B and is
+  folded into d1: the counters carry no per-iteration KV);
+- prefill, per block of periods with at least ``probe_min_steps`` steps (a step's prefill and
+  its completion fall in different periods; blocks keep them together):
+  ``busy = a·steps + β·uncached`` (engine prefill seconds against the router's completed
+  steps and the engine's uncached prefill tokens): ``a`` is what a step
+  costs whatever is cached (fixed costs, and attention over the whole sequence on
+  ``torch_native``), ``β`` what each recomputed token adds. Until the periods vary enough to
+  tell the two apart, everything is charged per token (``a = 0``: recompute looks as dear as it
+  can, the conservative side).
+
+**2. The closed loop** (router timings, ``Backend.served``): each of n programs cycles
+``tool Z`` → ``request R``. A step prefills ``u`` tokens — its new observation ``g`` if its KV
+survived the tool call, plus its private context ``c`` when it did not — and decodes ``o``
+tokens. With B requests in flight the engine spends ``R(B) = B·T̄ + o·t_dec(B)`` per request
+(every request in flight prefills once while one request decodes o tokens), ``T̄ = a + β·ū``.
+Little's law on the loop, ``B = n·R(B)/(Z + R(B))``, is a quadratic in B for ``R = αB + γ``;
+the steps per second are ``X = B/R(B)``. B is capped by HBM: requests in flight hold
+``c + o`` each beside the shared prefix and the idle protected KV that must stay on the device.
+Which contexts survive a tool call: of n programs, ``k`` are *protected* (referenced, counted,
+``kvrefs``), always kept; the others share the cache left over (pool − shared − protected −
+running) and survive in proportion ``min(1, left/(idle·c))``. Without session references no
+KV is protected and all idle programs share the LRU.
+
+**3. The choice.** Levels ``j = 0…levels``: extra tokens ``j/levels·max_overcommit·pool``
+above ``λ_max·pool`` (level 0 = the fixed watermarks), so ``n_j`` programs of the mean weighted
+demand, capped by the programs there are to run. Each level is predicted with every program
+within ``λ_max·pool`` protected, and (on backends with references) with none protected; the
+best wins. Leaving level 0 needs a predicted gain of ``min_gain``.
+
+**4. The guard: measurement.** Goodput is measured per level over a window of whole periods
+(the period after a change is skipped: transient). Every ``probe_every_periods`` the level
+moves one step up or down (alternating) for ``probe_periods``; if the probe's measured rate
+beats the window before it by more than the noise — ``max(probe_margin, 2·√(1/n₁ + 1/n₂))``
+relative, for n₁, n₂ steps counted, so a decision needs evidence (hysteresis) — the bias moves
+one level that way, bounded by ``±max_bias``; otherwise the level returns. A prediction that is
+wrong is corrected by the bias; one wrong by far (measured below ``1 − fallback_error`` of the
+prediction for ``fallback_periods`` windows above level 0) drops the bias to level 0: the fixed
+watermarks.
+
+On an engine whose batch gains nothing (``d0 = 0``, ``a = 0``) more programs only add
+recompute, so level 0 wins and the rule is the fixed watermarks. Pure and deterministic:
+``update`` takes the previous state, the backend's counters and time, returns the next state
+(the tick stores it on the backend through ``Decisions``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from thunder_sgl.backends.backend import Backend
+from thunder_sgl.config import AdmissionConfig, SchedulerConfig
+
+_MOMENTS = 5  # n, Σb, Σt (s), Σb², Σb·t (s)
+
+
+# ---- 1. the engine, fitted ------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class DecodeFit:
+    """Discounted sums of decode iterations: t = d0 + d1·b by least squares."""
+
+    n: float = 0.0
+    sb: float = 0.0
+    st: float = 0.0
+    sbb: float = 0.0
+    sbt: float = 0.0
+
+    def add(self, d: tuple[float, ...], keep: float) -> DecodeFit:
+        return DecodeFit(keep * self.n + d[0], keep * self.sb + d[1], keep * self.st + d[2],
+                         keep * self.sbb + d[3], keep * self.sbt + d[4])
+
+    def line(self) -> tuple[float, float] | None:
+        """(d0, d1) in seconds; None before any iteration. A batch that never varied gives
+        no slope: then d1 = 0 (all fixed), the optimistic side for batching, which a probe
+        up then tests against measurement."""
+        if self.n <= 0:
+            return None
+        mb, mt = self.sb / self.n, self.st / self.n
+        var = self.sbb / self.n - mb * mb
+        if var <= 1e-6 * max(1.0, mb * mb):
+            return max(mt, 0.0), 0.0
+        d1 = (self.sbt / self.n - mb * mt) / var
+        d1 = max(d1, 0.0)
+        d0 = mt - d1 * mb
+        if d0 < 0.0:  # no negative fixed cost: all per request
+            d0, d1 = 0.0, mt / mb if mb > 0 else 0.0
+        return d0, d1
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillFit:
+    """Discounted normal equations of ``busy = a·steps + β·tokens`` over periods."""
+
+    s11: float = 0.0
+    s12: float = 0.0
+    s22: float = 0.0
+    s1y: float = 0.0
+    s2y: float = 0.0
+
+    def add(self, steps: float, tokens: float, busy: float, keep: float) -> PrefillFit:
+        return PrefillFit(keep * self.s11 + steps * steps, keep * self.s12 + steps * tokens,
+                          keep * self.s22 + tokens * tokens, keep * self.s1y + steps * busy,
+                          keep * self.s2y + tokens * busy)
+
+    def coefficients(self) -> tuple[float, float] | None:
+        """(a, β); None before any prefill. Charged per token while the two regressors are too
+        collinear to tell apart (the conservative side: recompute as dear as it can be)."""
+        if self.s22 <= 0:
+            return None
+        det = self.s11 * self.s22 - self.s12 * self.s12
+        per_token = (0.0, max(self.s2y / self.s22, 0.0))
+        if det <= 0.05 * self.s11 * self.s22:  # correlation above ~0.97
+            return per_token
+        a = (self.s22 * self.s1y - self.s12 * self.s2y) / det
+        b = (self.s11 * self.s2y - self.s12 * self.s1y) / det
+        if a < 0 or b < 0:
+            return per_token
+        return a, b
+
+
+@dataclass(frozen=True, slots=True)
+class Engine:
+    d0: float
+    """Decode: seconds per iteration, fixed."""
+    d1: float
+    """Decode: seconds per iteration per request in the batch."""
+    a: float
+    """Prefill: seconds per step whatever is cached."""
+    b: float
+    """Prefill: seconds per uncached token."""
+
+
+@dataclass(frozen=True, slots=True)
+class Loop:
+    """The programs' closed loop on one backend, as the router measured it."""
+
+    tool_s: float
+    """Z: mean tool time between a program's requests."""
+    context: float
+    """c: mean private context (tokens) of a program."""
+    shared: float
+    """Shared-prefix tokens on the backend (cached once)."""
+    output: float
+    """o: mean output tokens per step."""
+    new_tokens: float
+    """g: mean new prompt tokens per step (the observation)."""
+    hbm: float
+    """Device KV tokens."""
+    cache: float
+    """Tokens the backend keeps across tiers (the pool)."""
+    refs: bool
+    """The engine keeps referenced KV first (session radix cache)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    rate: float
+    """Steps per second."""
+    batch: float
+    """Requests in flight on the engine."""
+    survive: float
+    """Share of unprotected contexts that survive a tool call."""
+    uncached: float
+    """Mean tokens a step prefills."""
+
+
+def predict(n: float, k: float, e: Engine, lp: Loop, churn: float = 0.0) -> Prediction:
+    """Steps per second of n programs, k of them protected (see the module header, part 2);
+    ``churn``: tokens every step prefills beyond the model's (measured, ``update``)."""
+    if n <= 0:
+        return Prediction(0.0, 0.0, 1.0, 0.0)
+    c, o, g, z = max(lp.context, 1.0), max(lp.output, 1.0), min(lp.new_tokens, lp.context), max(lp.tool_s, 0.0)
+    if not lp.refs:
+        k = 0.0
+    k = min(k, n, max(0.0, (lp.cache - lp.shared) / c))
+    survive, x, batch, u = 1.0, 0.0, 0.0, g
+    for _ in range(4):  # survival depends on the batch, the batch on survival: a few rounds settle
+        u_free = g + (1.0 - survive) * (c - g)
+        u = (k * g + (n - k) * u_free) / n + churn
+        t_pre = e.a + e.b * u
+        alpha = t_pre + o * e.d1
+        gamma = o * e.d0
+        batch = _in_flight(n, z, alpha, gamma, t_pre + o * (e.d0 + e.d1))
+        idle = n - batch
+        idle_k = k * idle / n
+        pinned = idle_k * c if lp.cache <= lp.hbm else max(0.0, idle_k * c - (lp.cache - lp.hbm))
+        cap = max(1.0, (lp.hbm - lp.shared - pinned) / (c + o))
+        run = min(batch, cap)
+        r = max(run, 1.0) * t_pre + o * (e.d0 + e.d1 * max(run, 1.0))
+        x = run / r if run >= 1.0 else batch / r
+        left = lp.cache - lp.shared - k * c - run * (c + o) * (n - k) / n
+        idle_free = (n - k) * idle / n
+        new_survive = 1.0 if idle_free <= 1e-9 else min(1.0, max(0.0, left) / (idle_free * c))
+        if abs(new_survive - survive) < 1e-4:
+            survive = new_survive
+            break
+        survive = new_survive
+    return Prediction(x, batch, survive, u)
+
+
+def _in_flight(n: float, z: float, alpha: float, gamma: float, alone: float) -> float:
+    """B solving ``B = n·R/(Z + R)`` with ``R = α·B + γ`` (B ≥ 1), or ``R = alone`` below 1."""
+    if z <= 0:
+        return n
+    low = n * alone / (z + alone)
+    if low < 1.0 or alpha <= 0:
+        return min(n, low) if alpha <= 0 else low
+    bq = z + gamma - n * alpha
+    return (-bq + math.sqrt(bq * bq + 4.0 * alpha * n * gamma)) / (2.0 * alpha)
+
+
+# ---- state ----------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class AdmissionState:
+    """The rule's state on one backend (``Backend.admission``)."""
+
+    extra: float = 0.0
+    """Tokens admitted beyond ``λ_max·pool``."""
+    protect: float = math.inf
+    """Tokens of KV kept referenced (programs past it in pause order run unreferenced)."""
+    level: int = 0
+    model_level: int = 0
+    bias: int = 0
+    """Levels that measurement moved the choice away from the model's."""
+    predicted: float = 0.0
+    """Steps/s the model predicts at ``level``."""
+    predicted_fixed: float = 0.0
+    """Steps/s the model predicts at level 0 (the fixed watermarks)."""
+    measured: float = 0.0
+    """Steps/s measured over the current window."""
+    fixed_rate: float = 0.0
+    """Steps/s last measured at level 0 (0: not yet)."""
+    fixed_steps: int = 0
+    fixed_at: float = 0.0
+    probe: int = 0
+    """Direction of the probe under way (0: none)."""
+    probe_left: int = 0
+    next_probe: int = 1
+    since_probe: int = 0
+    up_wait: int = 1
+    """Multiplier of ``probe_every_periods`` before the next probe up (doubles after a lost probe)."""
+    down_wait: int = 1
+    base_rate: float = 0.0
+    base_steps: int = 0
+    wrong: int = 0
+    """Consecutive periods measured below the fixed watermarks' rate above level 0."""
+    fallbacks: int = 0
+    probes: int = 0
+    probes_won: int = 0
+    win_steps: int = 0
+    win_s: float = 0.0
+    settle: bool = True
+    changes: int = 0
+    tokens_per_step: float = 0.0
+    """Tokens the engine prefilled per step, over the fit's memory."""
+    block: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """Steps, prefill tokens and prefill seconds of the periods not yet in the prefill fit."""
+    churn: float = 0.0
+    """Tokens per step prefilled beyond the model's at the current level (program rotation)."""
+    at: float | None = None
+    snap: tuple[float, ...] = ()
+    """Counters at ``at``: steps, prefill tokens, prefill s, new tokens, output tokens, moments."""
+    dec: DecodeFit = DecodeFit()
+    pre: PrefillFit = PrefillFit()
+    engine: Engine | None = None
+    n: float = 0.0
+    """Programs the level admits (predicted)."""
+    k: float = 0.0
+    """Of them protected."""
+
+    def view(self) -> dict[str, object]:
+        """What ``GET /workers`` and ``/metrics`` show."""
+        e = self.engine
+        return {
+            "rule": "goodput", "level": self.level, "model_level": self.model_level, "bias": self.bias,
+            "extra_tokens": round(self.extra),
+            "protected_tokens": None if math.isinf(self.protect) else round(self.protect),
+            "programs": round(self.n, 2), "protected_programs": round(self.k, 2),
+            "predicted_steps_per_s": round(self.predicted, 4),
+            "predicted_fixed_steps_per_s": round(self.predicted_fixed, 4),
+            "measured_steps_per_s": round(self.measured, 4),
+            "fixed_measured_steps_per_s": round(self.fixed_rate, 4),
+            "probe": {0: "none", 1: "up", -1: "down"}[self.probe],
+            "probes": self.probes, "probes_won": self.probes_won, "fallbacks": self.fallbacks,
+            "level_changes": self.changes, "churn_tokens_per_step": round(self.churn, 1),
+            "engine": None if e is None else {"decode_fixed_s": e.d0, "decode_per_request_s": e.d1,
+                                              "prefill_per_step_s": e.a, "prefill_per_token_s": e.b},
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class BackendView:
+    """What the tick knows of a backend when it updates the rule."""
+
+    pool: float
+    fit_limit: float
+    """``λ_max·pool``."""
+    demand: float
+    shared: float
+    """Shared-prefix tokens counted on the backend."""
+    active: int
+    context: float
+    """Mean private context (tokens) of the backend's programs."""
+    output: float
+    """Mean expected output tokens per step."""
+    supply: int
+    """Programs that could run here: the backend's active ones plus the global queue."""
+    limit_lo: float = 0.0
+    """The low watermark with the current extra (the occupancy rule reads it)."""
+    mean_tokens: float = 0.0
+    """Mean whole context c of the backend's programs (the occupancy rule reads it)."""
+
+
+def _counters(b: Backend) -> tuple[float, ...]:
+    s, lv = b.served, b.live
+    m = lv.decode_moments or (0.0,) * _MOMENTS
+    return (float(s.steps), float(lv.prefill_tokens_total), lv.prefill_busy_s_total, float(s.new_tokens),
+            float(s.output_tokens), *m[:_MOMENTS])
+
+
+def update(state: AdmissionState | None, b: Backend, v: BackendView, now: float, cfg: SchedulerConfig) -> AdmissionState:
+    ac = cfg.admission
+    st = state if state is not None else AdmissionState()
+    if st.at is None:
+        return replace(st, at=now, snap=_counters(b))
+    dt = now - st.at
+    if dt < cfg.tick_seconds:
+        return st
+    cur = _counters(b)
+    d = [x - y for x, y in zip(cur, st.snap, strict=True)] if len(st.snap) == len(cur) else [0.0] * len(cur)
+    if any(x < 0 for x in d):  # an engine restarted: its counters went back; skip this period
+        d = [0.0] * len(cur)
+    dsteps, dtok, dpre, dnew, dout = d[0], d[1], d[2], d[3], d[4]
+    keep = 0.5 ** (1.0 / ac.fit_half_life_periods)
+    dec = st.dec.add(tuple(d[5:5 + _MOMENTS]), keep) if d[5] > 0 else st.dec
+    pre, tps = st.pre, st.tokens_per_step
+    bs, bt, bp = st.block[0] + dsteps, st.block[1] + dtok, st.block[2] + dpre
+    if bs >= ac.probe_min_steps and bt > 0:
+        pre = pre.add(bs, bt, bp, keep)
+        tps = pre.s12 / pre.s11 if pre.s11 > 0 else tps
+        bs = bt = bp = 0.0
+    engine = _engine(dec, pre) or st.engine
+    st = replace(st, at=now, snap=cur, dec=dec, pre=pre, engine=engine, tokens_per_step=tps, block=(bs, bt, bp))
+    # 4. the window measured at the current level
+    if st.settle:
+        st = replace(st, settle=False)
+    else:
+        st = replace(st, win_steps=st.win_steps + int(dsteps), win_s=st.win_s + dt)
+    st = replace(st, measured=st.win_steps / st.win_s if st.win_s > 0 else 0.0)
+    if st.level == 0 and not st.probe and st.win_steps >= ac.probe_min_steps:
+        st = replace(st, fixed_rate=st.measured, fixed_steps=st.win_steps, fixed_at=now)
+    # 2–3. the model and its choice
+    lp = Loop(tool_s=b.served.tool_s, context=v.context, shared=v.shared,
+              output=dout / dsteps if dsteps > 0 else v.output,
+              new_tokens=dnew / dsteps if dnew > 0 and dsteps > 0 else 0.1 * v.context,
+              hbm=float(b.tiers.hbm_tokens), cache=v.pool, refs=b.session_refs and cfg.session_refs)
+    choices, churn = _choices(v, lp, engine, ac, st.level, tps)
+    st = replace(st, model_level=_best(choices, ac.min_gain, st.model_level), churn=churn)
+    if st.probe:
+        if st.probe_left > 1:
+            st = replace(st, probe_left=st.probe_left - 1)
+        else:
+            st = _end_probe(st, ac)
+    else:
+        st = replace(st, since_probe=st.since_probe + 1)
+        st = _guard(st, ac, now, cfg.tick_seconds)
+    target = min(max(st.model_level + st.bias, 0), ac.levels)
+    if st.probe == 0 and target != st.level:
+        st = _set_level(st, target)
+    elif st.probe == 0 and st.win_steps >= ac.probe_min_steps:
+        st = _maybe_probe(st, ac, v)
+    return _apply(st, choices)
+
+
+def _engine(dec: DecodeFit, pre: PrefillFit) -> Engine | None:
+    line, coef = dec.line(), pre.coefficients()
+    if line is None or coef is None:
+        return None
+    return Engine(line[0], line[1], coef[0], coef[1])
+
+
+_Choice = tuple[float, float, float, float, float]
+"""(extra tokens, protected tokens, n, k, predicted steps/s) of one level."""
+
+
+def _choices(v: BackendView, lp: Loop, e: Engine | None, ac: AdmissionConfig, level: int,
+             tokens_per_step: float) -> tuple[list[_Choice], float]:
+    """Every level's choice, and the churn: the tokens per step the engine prefilled beyond
+    what the model predicts at the current level. Churn comes from programs rotating through
+    the backend (paused, their KV dropped, restored later); it shrinks as a level runs more of
+    the programs there are (none once all run)."""
+    step = ac.max_overcommit * v.pool / ac.levels
+    per = v.demand - v.shared
+    w = per / v.active if v.active and per > 0 else max(lp.context, 1.0)
+    base = max(v.fit_limit - v.shared, 0.0)
+    k_fit = base / w
+    ns = [max(1.0, min(float(v.supply), (base + j * step) / w) if v.supply else (base + j * step) / w)
+          for j in range(ac.levels + 1)]
+    if e is None:
+        return [(j * step, math.inf, ns[j], min(ns[j], k_fit), 0.0) for j in range(ac.levels + 1)], 0.0
+    n_cur = ns[min(level, ac.levels)]
+    churn = 0.0
+    if tokens_per_step > 0:
+        churn = max(0.0, tokens_per_step - predict(n_cur, min(n_cur, k_fit), e, lp).uncached)
+    rotating = float(v.supply) - n_cur
+    out: list[_Choice] = []
+    for j, n in enumerate(ns):
+        c = churn * max(0.0, float(v.supply) - n) / rotating if rotating > 0 else 0.0
+        k = min(n, k_fit)
+        best = (predict(n, k, e, lp, c).rate, math.inf, k)
+        if lp.refs and j > 0:
+            none = predict(n, 0.0, e, lp, c).rate
+            if none > best[0] * (1.0 + ac.min_gain):
+                best = (none, v.shared, 0.0)
+        out.append((j * step, best[1], n, best[2], best[0]))
+    return out, churn
+
+
+def _best(choices: list[_Choice], min_gain: float, current: int) -> int:
+    """The level with the highest predicted rate, with hysteresis: leaving level 0, or the
+    current choice, needs a predicted gain of ``min_gain``; among levels within it of the best,
+    the lowest (fewer programs, less at risk)."""
+    rates = [c[4] for c in choices]
+    top = max(rates)
+    if top <= 0 or top <= rates[0] * (1.0 + min_gain):
+        return 0
+    if 0 <= current < len(rates) and top <= rates[current] * (1.0 + min_gain):
+        return current
+    for j, r in enumerate(rates):
+        if r * (1.0 + min_gain / 2) >= top:
+            return j
+    return 0
+
+
+def _noise(n1: int, n2: int, floor: float) -> float:
+    """Relative difference two step counts must show to differ beyond their noise (twice the
+    relative standard deviation of a difference of Poisson rates)."""
+    return max(floor, 2.0 * math.sqrt(1.0 / max(n1, 1) + 1.0 / max(n2, 1)))
+
+
+def _set_level(st: AdmissionState, level: int) -> AdmissionState:
+    if level == st.level:
+        return st
+    return replace(st, level=level, win_steps=0, win_s=0.0, settle=True, changes=st.changes + 1, since_probe=0,
+                   wrong=0)
+
+
+def _maybe_probe(st: AdmissionState, ac: AdmissionConfig, v: BackendView) -> AdmissionState:
+    """Every ``probe_every_periods`` (times the direction's back-off) move one level up or
+    down (alternating) to measure it against the window so far."""
+    for d in (st.next_probe, -st.next_probe):
+        wait = ac.probe_every_periods * (st.up_wait if d > 0 else st.down_wait)
+        ok = 0 <= st.level + d <= ac.levels and st.since_probe >= wait
+        if d > 0 and v.supply <= v.active:
+            ok = False  # nothing more to admit
+        if ok:
+            st = replace(st, base_rate=st.measured, base_steps=st.win_steps, probe=d,
+                         probe_left=ac.probe_periods + 1, next_probe=-d, probes=st.probes + 1)
+            st = _set_level(st, st.level + d)
+            return replace(st, probe=d, probe_left=ac.probe_periods + 1)
+    return st
+
+
+def _end_probe(st: AdmissionState, ac: AdmissionConfig) -> AdmissionState:
+    """Compare the probe's window with the one before it: the bias moves one level the
+    probe's way when it wins by more than the noise; a lost probe doubles the wait before the
+    next in its direction (up to 8 times)."""
+    won = st.win_steps > 0 and st.base_steps > 0 and st.base_rate > 0 and \
+        st.measured > st.base_rate * (1.0 + _noise(st.base_steps, st.win_steps, ac.probe_margin))
+    d = st.probe
+    if won:
+        st = replace(st, bias=min(max(st.bias + d, -ac.max_bias), ac.max_bias), probes_won=st.probes_won + 1)
+        st = replace(st, up_wait=1) if d > 0 else replace(st, down_wait=1)
+    else:
+        st = replace(st, up_wait=min(8, st.up_wait * 2)) if d > 0 else replace(st, down_wait=min(8, st.down_wait * 2))
+    if st.level == 0:
+        st = replace(st, fixed_rate=st.measured, fixed_steps=st.win_steps) if st.win_steps >= ac.probe_min_steps else st
+    return replace(st, probe=0, probe_left=0)
+
+
+def _guard(st: AdmissionState, ac: AdmissionConfig, now: float, tick: float) -> AdmissionState:
+    """Above level 0, a window measured below the fixed watermarks' recent rate by more than
+    the noise for ``fallback_periods`` periods in a row means the predicted gain is not there:
+    back to level 0 (and the next probe up waits twice as long)."""
+    recent = st.fixed_steps > 0 and now - st.fixed_at <= 16 * ac.probe_every_periods * tick
+    if st.level == 0 or st.win_steps < ac.probe_min_steps or not recent:
+        return replace(st, wrong=0) if st.wrong else st
+    if st.measured < st.fixed_rate * (1.0 - _noise(st.fixed_steps, st.win_steps, ac.probe_margin)):
+        wrong = st.wrong + 1
+        if wrong >= ac.fallback_periods:
+            return replace(st, wrong=0, bias=-st.model_level, fallbacks=st.fallbacks + 1, up_wait=min(8, st.up_wait * 2))
+        return replace(st, wrong=wrong)
+    return replace(st, wrong=0)
+
+
+def _apply(st: AdmissionState, choices: list[_Choice]) -> AdmissionState:
+    extra, protect, n, k, rate = choices[st.level]
+    return replace(st, extra=extra, protect=protect, n=n, k=k, predicted=rate, predicted_fixed=choices[0][4])
