@@ -76,15 +76,10 @@ class PayloadTooLarge(ThunderError):
 
 
 class Overloaded(ThunderError):
-    """Bounded queues are full: 429 (per-client) or 503 (router-wide) with Retry-After."""
+    """Bounded queues are full: 503 with Retry-After."""
 
     status = 503
     type = "overloaded_error"
-
-
-class TooManyRequests(Overloaded):
-    status = 429
-    type = "rate_limit_error"
 
 
 class UpstreamError(ThunderError):

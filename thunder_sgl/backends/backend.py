@@ -72,13 +72,6 @@ class Tiers:
         # L3 backs up host pages (write-through to storage): inclusive of the levels above.
         return max(below, storage)
 
-    def reload_seconds(self, tokens: int, tier: str = "host") -> float:
-        """Time to load ``tokens`` of KV back into HBM from ``tier`` (0 if unknown bandwidth)."""
-        bw = self.host_bandwidth if tier == "host" else self.storage_bandwidth
-        if bw <= 0 or self.kv_bytes_per_token <= 0:
-            return 0.0
-        return tokens * self.kv_bytes_per_token / bw
-
 
 @dataclass(slots=True)
 class Live:

@@ -91,7 +91,7 @@ async def forward(
     resp = await _open(gw, t, path, payload, headers, timeout, disconnected)
     if resp.status == 200:
         return SSEResponse(_relay(gw, inbound, t, resp, path, payload, headers, timeout, rid), SSE_HEADERS)
-    return await _complete(gw, inbound, t, rid, disconnected, _opened(resp))
+    return await _complete(gw, inbound, t, rid, disconnected, resp)
 
 
 async def _open(gw: Gateway, t: Ticket, path: str, payload: bytes, headers: dict[str, str],
@@ -116,17 +116,13 @@ async def _open(gw: Gateway, t: Ticket, path: str, payload: bytes, headers: dict
     raise AssertionError("unreachable")
 
 
-async def _opened(resp: UpstreamResponse) -> UpstreamResponse:
-    return resp
-
-
 async def _complete(gw: Gateway, inbound: Inbound, t: Ticket, rid: str, disconnected: Callable[[], Awaitable[Any]],
-                    opening: Awaitable[UpstreamResponse]) -> Response:
-    """A whole answer: ``opening`` (the POST, failovers included) and the read of the body run
-    while one watcher task waits for the client to leave; then both are cancelled and the
-    upstream request aborted. The watch is not tied to the answer's headers: a worker sends the
-    headers of a non-stream answer with its body, as SGLang does, so a watch begun at the
-    headers would miss a client that left during the generation. It starts ``WATCH_AFTER_S``
+                    opening: Awaitable[UpstreamResponse] | UpstreamResponse) -> Response:
+    """A whole answer: ``opening`` (the POST, failovers included, or the response it already
+    opened) and the read of the body run while one watcher task waits for the client to leave;
+    then both are cancelled and the upstream request aborted. The watch is not tied to the
+    answer's headers: a worker sends the headers of a non-stream answer with its body, as SGLang
+    does, so a watch begun at the headers would miss a client that left during the generation. It starts ``WATCH_AFTER_S``
     after the request: most short answers are back by then, and a task per request was a
     tenth of the router's CPU on them; a client that leaves sooner is seen at that time."""
     me = asyncio.current_task()
@@ -144,7 +140,7 @@ async def _complete(gw: Gateway, inbound: Inbound, t: Ticket, rid: str, disconne
     timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, watch)
     resp: UpstreamResponse | None = None
     try:
-        resp = await opening
+        resp = opening if isinstance(opening, UpstreamResponse) else await opening
         data = await resp.read()
     except asyncio.CancelledError:
         if gone is not None and gone.done() and not gone.cancelled():

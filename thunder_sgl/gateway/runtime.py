@@ -52,7 +52,6 @@ class Settings:
     api_key: str | None = None
     admin_api_key: str | None = None
     max_payload_size: int | None = None
-    request_timeout_secs: float | None = None
     instance_id: str = "thunder-router"
     state_dir: str | None = None
     request_id_headers: list[str] = field(default_factory=lambda: ["x-request-id", "x-correlation-id", "x-trace-id", "request-id"])

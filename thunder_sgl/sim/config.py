@@ -11,7 +11,6 @@ policy sits in front of it.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -476,9 +475,6 @@ class SimConfig:
                 raise ConfigError(f"unknown sim config section {section!r} in override {key!r}")
             tree[section][name] = value
         return from_dict(SimConfig, tree)
-
-    def replace_faults(self, **kw: Any) -> SimConfig:
-        return dataclasses.replace(self, faults=dataclasses.replace(self.faults, **kw))
 
 
 def load_sim_config(name_or_path: str | Path, overrides: dict[str, Any] | None = None) -> SimConfig:
