@@ -3,7 +3,7 @@
 Registration reads ``/server_info`` (falling back to ``/get_server_info``) for the HBM
 capacity per rank, ``dp_size`` and the HiCache settings, and ``/model_info``; until it
 succeeds the worker is retried in the background (as sglang_router does) and serves nothing.
-Then every ``poll_interval`` it reads ``/v1/loads?include=core,queues`` (per-rank usage,
+Then every ``poll_interval_seconds`` it reads ``/v1/loads?include=core,queues`` (per-rank usage,
 queueing, retraction) and ``/metrics`` (HiCache host-tier gauges). A poll that fails counts
 towards ``failure_threshold``; past it the worker is unhealthy, and its backends count as full
 (the scheduler sends their idle programs back to the global queue). ``success_threshold`` good

@@ -8,7 +8,7 @@
   answer's last token, whose KV is never computed): prefill spent re-doing its own history.
 - **node imbalance**: every ``sample_every_s``, max − min over nodes of HBM used / capacity
   (``device_used_tokens``, cached prefixes included); mean and max over the window's samples.
-  ``kv_imbalance`` (the same over SGLang's ``token_usage``: requests' KV without evictable
+  ``kv_imbalance_mean`` (the same over SGLang's ``token_usage``: requests' KV without evictable
   cache) goes to the notes, since under overload the caches fill every node.
 - **program completion**: first request to the end of the last tool, programs ending in the
   window; **step latency**: request submitted (held time included) to reply, calls ending in

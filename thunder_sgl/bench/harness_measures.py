@@ -171,7 +171,7 @@ def timing_model_check(config: str, calls: Sequence[StepRecord], breakdown: dict
 
     Prefill: Σ over the window's calls of ``prefill_seconds(n = prompt − cached, c = cached)``
     plus the fixed cost once per call (a batch of several requests pays it once, so this side
-    errs high). Decode: every iteration pays ``d0``, every running request ``d_req``, and each
+    errs high). Decode: every iteration pays ``t_fixed``, every running request ``per_request``, and each
     call's ``completion`` tokens read its context (``prompt + completion/2`` tokens on average).
     Returns ``{"prefill_model_s", "prefill_s", "decode_model_s", "decode_s"}``; a ratio below 1
     means the model (isolated, fastest-of-repetitions measurements) is cheaper than the engine

@@ -1,6 +1,6 @@
 """RL rollouts as a workload: tasks × samples (groups), released in batches or waves, with the
-trainer's weight updates on a timer. Pure: the DES (``des_rollout``) and the HTTP driver
-(``harness_rollout``) share it.
+trainer's weight updates on a timer. Pure: the DES (``des_rollout``) runs it; HTTP mode has no
+rollout driver.
 
 GRPO-style training samples G trajectories per task (a *group*: same system prompt, same task,
 own steps and observations) and, in synchronous RL, a training step waits for the whole batch

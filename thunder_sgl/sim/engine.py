@@ -17,7 +17,8 @@ Scheduling follows SGLang 0.5 (``scheduler.py``, ``schedule_policy.PrefillAdder`
   already admitted. The head of the queue blocks the rest (no skipping). An idle engine admits
   its head whenever the prompt fits at all. At most one request is chunked at a time.
 - The prefix match stops one token short of the prompt (the last token is always computed).
-  Host/storage hits are loaded back into HBM before the prefill (``timing.load_back_seconds``).
+  Host/storage hits are loaded back into HBM before the prefill (``timing.h2d_seconds``, after
+  ``timing.storage_fetch_seconds`` for storage hits; ``admission``).
 - Chunks are inserted into the radix tree as they complete; a finished request inserts prompt +
   output (all but the last token, whose KV was never computed), so the next turn hits.
 - Decode needs one KV slot per running request per step; when free + evictable KV cannot cover
