@@ -15,6 +15,7 @@ unchanged to another entry point); adding one is a few lines.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
 import signal
 import sys
@@ -32,6 +33,9 @@ class Command:
     add_arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace, list[str]], int]
     """Called with the parsed arguments and the subcommand's raw argv (for command.txt)."""
+    own_signals: bool = False
+    """The command handles SIGINT and SIGTERM itself (``engine serve``); the others run inside
+    ``procs.stop_children_on_signals``: a signal stops every process they started at once."""
 
 
 def _sim_main(argv: list[str]) -> int:
@@ -207,7 +211,7 @@ COMMANDS: dict[str, Command] = {
     "soak": Command("hours at 2x KV overload with faults on a schedule; reports losses, leaks, RSS, max held wait",
                     _soak_args, _soak),
     "engine": Command("real SGLang CPU engines: prepare (venv + model, once) and serve N on free ports",
-                      _engine_args, _engine),
+                      _engine_args, _engine, own_signals=True),
 }
 
 
@@ -237,10 +241,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    signal.signal(signal.SIGTERM, _interrupt)  # stop our child processes on SIGTERM too
+    from thunder_sgl.bench import procs
+
+    cmd = COMMANDS[args.command]
+    if cmd.own_signals:
+        signal.signal(signal.SIGTERM, _interrupt)
+        stopping: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    else:  # Ctrl-C or SIGTERM: every process started is stopped within seconds, whatever we are doing
+        stopping = procs.stop_children_on_signals()
     try:
-        return COMMANDS[args.command].run(args, argv[1:])
+        with stopping:
+            return cmd.run(args, argv[1:])
     except KeyboardInterrupt:
+        procs.stop_all()
         print("\ninterrupted: every process started was stopped", file=sys.stderr)
         return 130
 

@@ -3,6 +3,7 @@ cache_aware, two concurrencies, a few wall seconds each; and Ctrl-C stopping eve
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 
 from thunder_sgl.bench.harness import BenchSpec, run_bench
 from thunder_sgl.bench.harness_progress import QuietProgress
+from thunder_sgl.bench.procs import http_ok
 from thunder_sgl.bench.report import FAILED, load_results
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,34 +62,71 @@ def test_router_that_fails_to_start_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert "| thunder-paper | failed |" in (tmp_path / "broken" / "results.md").read_text()
 
 
-def test_ctrl_c_stops_every_process(tmp_path):
-    tag = str(os.getpid()) + "-sigint"
+def _tagged(tag: str) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["environ"]):
+        try:
+            if (p.info["environ"] or {}).get("THUNDER_TEST_TAG") == tag and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+@pytest.mark.parametrize(("sig", "when"), [(signal.SIGINT, "running"), (signal.SIGTERM, "running"),
+                                          (signal.SIGINT, "starting")],
+                         ids=["sigint-running", "sigterm-running", "sigint-starting"])
+def test_ctrl_c_stops_every_process(tmp_path, sig, when):
+    """SIGINT (Ctrl-C) or SIGTERM while the run is on, or while the workers start: the bench
+    and every process it started (each in a session of its own: they never see the signal)
+    are gone within seconds, exit status 130."""
+    tag = f"{os.getpid()}-{sig}-{when}"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "THUNDER_TEST_TAG": tag}
     cmd = [sys.executable, "-m", "thunder_sgl", "bench", "--cluster", "tiny", "--programs", "2",
            "--routers", "thunder", "--duration", "4000", "--warmup", "0", "--time-scale", "20",
            "--out", str(tmp_path), "--name", "sigint"]
     proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 60
+        want = 2 if when == "running" else 1
+        deadline = time.monotonic() + 120
         tagged: list[int] = []
-        while time.monotonic() < deadline:  # wait for the sim and the router to be up
-            tagged = [p.pid for p in psutil.process_iter(["environ"])
-                      if (p.info["environ"] or {}).get("THUNDER_TEST_TAG") == tag and p.pid != proc.pid]
-            if len(tagged) >= 2:
-                break
-            time.sleep(0.3)
-        assert len(tagged) >= 2, "sim and router did not start"
-        time.sleep(2.0)
-        proc.send_signal(signal.SIGINT)
+        while time.monotonic() < deadline and len(tagged) < want and proc.poll() is None:
+            tagged = [p.pid for p in _tagged(tag) if p.pid != proc.pid]
+            time.sleep(0.05 if when == "starting" else 0.3)
+        assert len(tagged) >= want, "sim and router did not start"
+        if when == "running":  # the router up, the workload on
+            up = time.monotonic() + 120
+            while time.monotonic() < up and not _router_up(tag):
+                time.sleep(0.2)
+            assert _router_up(tag), "the router did not come up"
+            time.sleep(1.0)
+        proc.send_signal(sig)
+        t0 = time.monotonic()
         out, _ = proc.communicate(timeout=60)
+        took = time.monotonic() - t0
+        assert proc.returncode == 130, out.decode()[-2000:]
+        assert took < 25, f"took {took:.0f} s to stop:\n{out.decode()[-4000:]}"  # at 30 s it exits by force
+        gone = time.monotonic() + 10  # killed ones that outlived the bench are reaped by init
+        while time.monotonic() < gone and (alive := _tagged(tag)):
+            time.sleep(0.1)
+        assert not alive, f"left running: {[p.pid for p in alive]}"
+        assert (tmp_path / "sigint" / "command.txt").read_text().startswith("thunder-sgl bench --cluster tiny")
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, out.decode()[-2000:]
-    time.sleep(0.5)
-    alive = [pid for pid in tagged if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
-    assert not alive, f"left running: {alive}"
-    assert (tmp_path / "sigint" / "command.txt").read_text().startswith("thunder-sgl bench --cluster tiny")
+            proc.wait()
+        for p in _tagged(tag):  # whatever happened: nothing of this test outlives it
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+
+
+def _router_up(tag: str) -> bool:
+    for p in _tagged(tag):
+        with contextlib.suppress(psutil.Error, ValueError, IndexError):
+            argv = p.cmdline()
+            if "thunder_sgl.launch_router" in argv:
+                return http_ok(f"http://127.0.0.1:{argv[argv.index('--port') + 1]}/health")
+    return False
 
 
 def test_des_sweep_fills_the_same_report(tmp_path):
