@@ -174,3 +174,61 @@ async def test_many_concurrent_streams_at_a_high_time_scale_all_complete_without
         stop.set()
         await arrivals
         await rw.runner.cleanup()
+
+
+def _gauge(text: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+@pytest.mark.parametrize("how", ["handler_cancelled", "write_to_closing_transport"])
+async def test_a_client_that_leaves_mid_stream_is_aborted_quietly_counted_and_its_kv_released(
+        manual: tuple[RunningWorker, aiohttp.ClientSession, ManualClock], caplog: pytest.LogCaptureFixture,
+        how: str) -> None:
+    """A client that leaves is ordinary traffic. Either way aiohttp learns of it (the handler
+    cancelled at the connection's loss, or a token write that finds the transport closing
+    first, as on a busy machine) the request is aborted in the engine, its KV released, the
+    disconnect counted in ``sim:client_disconnects_total``, and nothing logged as an error."""
+    rw, http, clock = manual
+    srv = rw.server
+    before = await (await http.get("/metrics")).text()
+    assert _gauge(before, "sim:client_disconnects_total") == 0
+    used0 = _gauge(before, "sglang:num_used_tokens")
+    with caplog.at_level(logging.DEBUG):
+        resp = await http.post("/v1/chat/completions", json={**CHAT, "max_tokens": 5000, "stream": True})
+        assert resp.status == 200
+        t = 0.0
+        while not srv.streams or next(iter(srv.streams.values())).visible < 3:  # a few tokens out
+            await asyncio.sleep(0)
+            t += 1e-3
+            clock.set(t)
+            srv.kick()
+        assert b"data: " in await resp.content.readany()
+        (pend,) = srv.streams.values()
+        assert rw.worker.engines[0].reqs and pend.event is None
+        during = await (await http.get("/metrics")).text()
+        assert _gauge(during, "sglang:num_used_tokens") > used0 and _gauge(during, "sglang:num_running_reqs") == 1
+        if how == "handler_cancelled":
+            resp.close()
+        else:  # the stream handler is woken for new tokens, then the server's transport closes
+            (conn,) = [c for c in rw.runner.server.connections if c.transport is not None and c._current_request]  # type: ignore[union-attr]
+            clock.set(t + 0.05)
+            srv.sync()  # the stream is told of new tokens: its handler runs first...
+            assert pend._waiter is not None and pend._waiter.done()
+            conn.transport.close()  # ...and finds the connection closing
+            resp.close()
+        for _ in range(1000):  # aiohttp notices within a loop turn or two; bounded all the same
+            if srv.client_disconnects:
+                break
+            await asyncio.sleep(0.01)
+        clock.set(t + 1.0)  # the abort takes effect at the end of the engine's iteration in flight
+        srv.sync()
+        after = await (await http.get("/metrics")).text()
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, errors[0].getMessage() + "\n" + (errors[0].exc_text or "")
+    assert _gauge(after, "sim:client_disconnects_total") == 1
+    assert _gauge(after, "sglang:num_aborted_requests_total") == _gauge(before, "sglang:num_aborted_requests_total") + 1
+    assert not rw.worker.engines[0].reqs and not srv.pending and not srv.streams
+    assert _gauge(after, "sglang:num_running_reqs") == 0
+    assert _gauge(after, "sglang:num_used_tokens") == used0  # the KV it held is free again
+    if how == "write_to_closing_transport":
+        assert any("client left" in r.getMessage() for r in caplog.records if r.name == "thunder_sgl.sim")

@@ -233,3 +233,12 @@ def histogram_text(named: dict[str, list[tuple[int, Histogram]]], cfg: SimConfig
         for rank, h in rows:
             lines.extend(h.lines(name, f'{base},dp_rank="{rank}"'))
     return "\n".join(lines) + "\n" if lines else ""
+
+
+def front_end_text(cfg: SimConfig, client_disconnects: int) -> str:
+    """What the HTTP front end of a worker counts (not an engine's): requests whose client left
+    before their answer ended, each aborted in its engine."""
+    name = "sim:client_disconnects_total"
+    return (f"# HELP {name} requests whose client left before the answer ended (aborted)\n"
+            f"# TYPE {name} counter\n"
+            f'{name}{{model_name="{cfg.model.name}"}} {float(client_disconnects)!r}\n')

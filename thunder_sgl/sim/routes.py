@@ -2,7 +2,9 @@
 
 Inference routes parse with ``protocol``, submit to the worker and either wait for the
 completion or stream one SSE event per generated token as the virtual clock reaches it. A
-client that disconnects aborts its request, as SGLang does.
+client that disconnects aborts its request, as SGLang does: quietly (no error logged, whether
+aiohttp cancels the handler or a write finds the connection closing) and counted in
+``sim:client_disconnects_total``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from aiohttp import web
 
 from thunder_sgl.errors import ConfigError
 from thunder_sgl.sim import protocol as P
+from thunder_sgl.sim.metrics import front_end_text
 from thunder_sgl.sim.request import SimRequest, SimRequestError
 from thunder_sgl.sim.server import SIM, Pending, SimServer, error_response, json_response
 from thunder_sgl.sim.tokenizer import EOS, Tokenizer
@@ -64,14 +67,23 @@ async def _infer(request: web.Request, kind: str) -> web.StreamResponse:
         text = w.tokenizer.decode(ev.output_ids)
         build = {"chat": P.chat_response, "completions": P.completions_response, "generate": P.generate_response}[kind]
         return json_response(build(parsed, ev, text, cfg))
-    except (asyncio.CancelledError, ConnectionResetError):
-        srv.abort(parsed.rid)
+    except asyncio.CancelledError:  # the client left (aiohttp cancels its handler)
+        srv.client_left(parsed.rid)
         raise
 
 
 async def _stream(request: web.Request, srv: SimServer, p: P.Parsed, pend: Pending) -> web.StreamResponse:
-    w, cfg = srv.worker, srv.worker.cfg
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    try:
+        return await _stream_events(request, srv, p, pend, resp)
+    except ConnectionError:  # a write found the client gone (before aiohttp cancelled the handler)
+        srv.client_left(p.rid)
+        return resp  # aiohttp's end of the response meets the closed connection quietly
+
+
+async def _stream_events(request: web.Request, srv: SimServer, p: P.Parsed, pend: Pending,
+                         resp: web.StreamResponse) -> web.StreamResponse:
+    w, cfg = srv.worker, srv.worker.cfg
     await resp.prepare(request)
     die = w.faults.take_die_mid_stream(len(pend.answer))
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -201,7 +213,8 @@ async def loads(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     srv = request.app[SIM]
     srv.sync()
-    return web.Response(text=srv.worker.metrics_text(), content_type="text/plain", charset="utf-8")
+    text = srv.worker.metrics_text() + front_end_text(srv.worker.cfg, srv.client_disconnects)
+    return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
 
 async def flush_cache(request: web.Request) -> web.Response:

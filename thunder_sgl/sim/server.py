@@ -91,6 +91,8 @@ class SimServer:
         self._task: asyncio.Task[None] | None = None
         self._accepting = asyncio.Event()
         self._accepting.set()
+        self.client_disconnects = 0
+        """Requests whose client left before their answer ended (``sim:client_disconnects_total``)."""
 
     def refresh_gate(self) -> None:
         """Open or close the front door after an engine control call (``sim.control``)."""
@@ -147,6 +149,14 @@ class SimServer:
     def abort(self, rid: str) -> None:
         if self.worker.abort(rid, self.clock.now()):
             self.kick()
+
+    def client_left(self, rid: str) -> None:
+        """The client of ``rid`` went away before its answer ended: ordinary traffic (an agent
+        cancelled, a router gave up), not a server error. The request is aborted, as SGLang does,
+        so its KV is released, and counted."""
+        self.client_disconnects += 1
+        log.debug("client left before the end of %s: aborted", rid)
+        self.abort(rid)
 
     def sync(self) -> None:
         """Advance the engines to now and hand out what finished (reports call this first)."""
