@@ -37,8 +37,8 @@ class AdmissionConfig:
     mode: str = "goodput"
     """goodput | occupancy | fixed."""
 
-    max_overcommit: float = 3.0
-    """Largest extra admission, as a share of the pool (3: up to four times what fits)."""
+    max_overcommit: float = 4.0
+    """Largest extra admission, as a share of the pool (4: up to five times what fits)."""
 
     cost_ema_alpha: float = 0.2
     """Smoothing of the router's measured times (request and tool time per step)."""
@@ -63,7 +63,10 @@ class AdmissionConfig:
 
     probe_margin: float = 0.05
     """goodput: least relative gain of a probe to move the level (more when the windows are
-    short: twice the relative noise of the step counts)."""
+    short: ``probe_sigmas`` times the relative noise of the step counts)."""
+
+    probe_sigmas: float = 1.5
+    """goodput: standard deviations of the step counts' noise a probe must win by."""
 
     max_bias: int = 4
     """goodput: most levels that measurement may move the choice away from the model's."""
@@ -97,7 +100,7 @@ class AdmissionConfig:
 
     def __post_init__(self) -> None:
         _check(self.mode in self.MODES, f"scheduler.admission.mode must be one of {list(self.MODES)}")
-        _check(0 <= self.max_overcommit <= 4, "scheduler.admission.max_overcommit must be in [0, 4]")
+        _check(0 <= self.max_overcommit <= 8, "scheduler.admission.max_overcommit must be in [0, 8]")
         _check(0 < self.cost_ema_alpha <= 1, "scheduler.admission.cost_ema_alpha must be in (0, 1]")
         _check(1 <= self.levels <= 64, "scheduler.admission.levels must be in [1, 64]")
         _check(0 <= self.min_gain < 1, "scheduler.admission.min_gain must be in [0, 1)")
@@ -105,6 +108,7 @@ class AdmissionConfig:
         _check(self.probe_every_periods >= 1 and self.probe_periods >= 1, "scheduler.admission probe periods must be >= 1")
         _check(self.probe_min_steps >= 1, "scheduler.admission.probe_min_steps must be >= 1")
         _check(0 <= self.probe_margin < 1, "scheduler.admission.probe_margin must be in [0, 1)")
+        _check(0 < self.probe_sigmas <= 6, "scheduler.admission.probe_sigmas must be in (0, 6]")
         _check(0 <= self.max_bias <= self.levels, "scheduler.admission.max_bias must be in [0, levels]")
         _check(self.fallback_periods >= 1, "scheduler.admission.fallback_periods must be >= 1")
         _check(0 < self.occupancy_target < 1, "scheduler.admission.occupancy_target must be in (0, 1)")

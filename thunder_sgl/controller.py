@@ -27,6 +27,7 @@ Rules (design.md, "Program model" and "Scheduling model"):
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Iterable
 
@@ -37,13 +38,23 @@ from thunder_sgl.groups import GroupTable
 from thunder_sgl.kvrefs import KVRefs
 from thunder_sgl.programs import Program, ProgramState, ProgramTable, Usage
 from thunder_sgl.scheduler import Decisions, apply, least_loaded, make_policy
-from thunder_sgl.scheduler.cost import in_flight_hbm, program_cost
-from thunder_sgl.scheduler.gate import hbm_fits
 from thunder_sgl.smoothing import ema
 from thunder_sgl.tickets import Stats, Ticket, TickResult, prefix_key_of
 from thunder_sgl.windows import Windows
 
 __all__ = ["Controller", "Stats", "Ticket", "TickResult", "prefix_key_of"]
+
+
+log = logging.getLogger("thunder_sgl.admission")
+
+
+def _log_level(key: str, level: object) -> None:
+    """A backend's admission level changed (``scheduler.goodput``): one line, for operators."""
+    v = level.view() if hasattr(level, "view") else {}
+    log.info("admission %s: level %s (model %s, bias %s, probe %s), %.1f programs, predicted %.3f steps/s "
+             "(fixed %.3f), measured %.3f", key, v.get("level"), v.get("model_level"), v.get("bias"), v.get("probe"),
+             v.get("programs", 0.0), v.get("predicted_steps_per_s", 0.0), v.get("predicted_fixed_steps_per_s", 0.0),
+             v.get("measured_steps_per_s", 0.0))
 
 
 class Controller:
@@ -276,7 +287,9 @@ class Controller:
         for key, level in d.admission.items():
             b = self.backends.get(key)
             if b is not None:
-                b.admission = level
+                old, b.admission = b.admission, level
+                if old is not None and getattr(old, "level", None) != getattr(level, "level", None):
+                    _log_level(key, level)
         for p in paused:
             self.kvrefs.left(p)
         self.kvrefs.overcommitted(d.unref, self.programs)
@@ -363,23 +376,10 @@ class Controller:
         return int(t.prompt_chars / cpt)
 
     def _gate_open(self, p: Program, estimate: int) -> bool:
-        """The HBM condition (``scheduler.gate``) for p's request on p's backend."""
-        if not self.sched.tier_aware or p.backend is None:
+        """The scheduler's HBM condition (``scheduler.gate.RequestGate``) for p's request."""
+        if p.backend is None:
             return True
-        b = self.backends.get(p.backend)
-        if b is None:
-            return False
-        return hbm_fits(self._reasoning_tokens(p.backend, exclude=p), self._need(p, estimate), self._hbm_limit(b))
-
-    def _reasoning_tokens(self, key: str, exclude: Program | None = None) -> float:
-        """KV the backend's programs with a request in flight hold or will hold."""
-        return in_flight_hbm(self.programs.placed_on(key), float(self.sched.default_output_tokens), exclude)
-
-    def _need(self, p: Program, estimate: int) -> float:
-        return program_cost(p, float(self.sched.default_output_tokens), estimate).hbm
-
-    def _hbm_limit(self, b: Backend) -> float:
-        return self.sched.hbm_lambda * b.tiers.hbm_tokens if self.sched.tier_aware else float("inf")
+        return self.policy.gate.admits(p, estimate, self.backends.get(p.backend), self.programs.placed_on(p.backend))
 
     def session_for(self, t: Ticket) -> str | None:
         """The ``session_id`` the dispatched ticket's request carries (``kvrefs``)."""
@@ -469,25 +469,16 @@ class Controller:
         return [self._take(p, now, est)]
 
     def _drain_gated(self, b: Backend, now: float) -> list[Ticket]:
-        """Held tickets of active programs on ``b``, oldest first, while the HBM gate lets them
-        (one pass: the reasoning total is computed once and grows with each dispatch)."""
+        """Held tickets of active programs on ``b``, in the order and as far as the scheduler's
+        gate lets them (``RequestGate.drain``: oldest first, while the HBM condition holds)."""
         if not self._held or self.windows.holding:
             return []
-        cands = [p for p in self.programs.on_backend(b.key) if p.held and not p.in_flight and p.id in self._held]
-        if not cands:
+        held = [(p, self._estimate(p, self._held[p.id][0]), self._held[p.id][0].created)
+                for p in self.programs.on_backend(b.key) if p.held and not p.in_flight and p.id in self._held]
+        if not held:
             return []
-        cands.sort(key=lambda p: self._held[p.id][0].created)
-        used = self._reasoning_tokens(b.key)
-        limit = self._hbm_limit(b)
-        out: list[Ticket] = []
-        for p in cands:
-            est = self._estimate(p, self._held[p.id][0])
-            need = self._need(p, est)
-            if not hbm_fits(used, need, limit):
-                break  # the oldest waits first
-            out.append(self._take(p, now, est))
-            used += need
-        return out
+        est = {p.id: e for p, e, _ in held}
+        return [self._take(p, now, est[p.id]) for p in self.policy.gate.drain(b, held, self.programs.placed_on(b.key))]
 
     def _expire(self, now: float) -> list[Ticket]:
         limit = self.cfg.gateway.held_timeout_seconds

@@ -38,6 +38,7 @@ from thunder_sgl.bench.ideal import ideal_steps_per_min
 from thunder_sgl.bench.results import ALL_ROUTERS, RunResult
 from thunder_sgl.bench.workload import ProgramSource, ProgramSpec, WorkloadProfile, load_profile
 from thunder_sgl.config import RouterConfig
+from thunder_sgl.scheduler.goodput import summarize as summarize_admission
 from thunder_sgl.sim import (
     Completion,
     SimConfig,
@@ -388,6 +389,11 @@ class DesRun:
         policy = getattr(self.router, "policy", None)
         if policy is not None and hasattr(policy, "decisions"):
             notes += " " + " ".join(f"{k}={v}" for k, v in policy.decisions.items())
+        ctl = getattr(self.router, "ctl", None)
+        if ctl is not None:
+            adm = summarize_admission([b.admission.view() for b in ctl.backend_list() if b.admission is not None])
+            if adm:
+                notes += f" admission={adm}"
         return RunResult(
             engine_busy=where.get("gpu_busy", 0.0),
             router=self.router_name, mode="des", programs=self.programs, nodes=self.nodes, cluster=self.cfg.name,

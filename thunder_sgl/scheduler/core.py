@@ -39,6 +39,7 @@ from thunder_sgl.programs import Program, ProgramState, ProgramTable
 from thunder_sgl.scheduler import goodput, occupancy, queue
 from thunder_sgl.scheduler.capacity import BackendLoad, Member
 from thunder_sgl.scheduler.cost import decay_weights
+from thunder_sgl.scheduler.gate import RequestGate
 from thunder_sgl.scheduler.goodput import BackendView
 from thunder_sgl.scheduler.placement import (
     Picker,
@@ -79,6 +80,8 @@ class ThunderScheduler:
         self.cfg = cfg
         self.stale_after = stale_after
         self.picker = picker or PreviousThenMostRoom()
+        self.gate = RequestGate(cfg)
+        """The HBM condition for one request (the controller asks it for every request)."""
         self._decay = decay_weights(cfg)
 
     def tick(self, now: float, programs: ProgramTable, backends: Sequence[Backend]) -> Decisions:

@@ -21,6 +21,14 @@ request larger than the limit would wait forever. Only the tier-aware policy gat
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from thunder_sgl.backends.backend import Backend
+from thunder_sgl.config import SchedulerConfig
+from thunder_sgl.programs import Program
+from thunder_sgl.scheduler.cost import in_flight_hbm, program_cost
+
 
 def hbm_fits(used: float, need: float, limit: float) -> bool:
     """Whether a request needing ``need`` tokens may run beside ``used`` within ``limit``."""
@@ -30,3 +38,46 @@ def hbm_fits(used: float, need: float, limit: float) -> bool:
 def hbm_room(used: float, limit: float) -> float:
     """The largest need ``hbm_fits`` accepts (infinite while nothing runs)."""
     return float("inf") if used <= 0.0 else limit - used
+
+
+@dataclass(frozen=True)
+class RequestGate:
+    """The HBM condition for one request of an active program: the scheduler's answer to the
+    controller (``Controller.submit`` and the drains of held requests). Only the tier-aware
+    policy gates; ``placed`` are the programs placed on the request's backend."""
+
+    cfg: SchedulerConfig
+
+    def limit(self, b: Backend) -> float:
+        return self.cfg.hbm_lambda * b.tiers.hbm_tokens if self.cfg.tier_aware else float("inf")
+
+    def need(self, p: Program, estimate: int) -> float:
+        """What p's request holds in HBM when it finishes (``cost.hbm`` with the estimate)."""
+        return program_cost(p, float(self.cfg.default_output_tokens), estimate).hbm
+
+    def used(self, placed: Iterable[Program], exclude: Program | None = None) -> float:
+        """KV the programs with a request in flight hold or will hold."""
+        return in_flight_hbm(placed, float(self.cfg.default_output_tokens), exclude)
+
+    def admits(self, p: Program, estimate: int, b: Backend | None, placed: Iterable[Program]) -> bool:
+        """Whether p's request of ``estimate`` prompt tokens may go to ``b`` now."""
+        if not self.cfg.tier_aware:
+            return True
+        if b is None:
+            return False
+        return hbm_fits(self.used(placed, exclude=p), self.need(p, estimate), self.limit(b))
+
+    def drain(self, b: Backend, held: list[tuple[Program, int, float]], placed: Iterable[Program]) -> list[Program]:
+        """Of the held requests of active programs on ``b`` — (program, prompt estimate, time
+        held) — those that go now: oldest first, while the condition lets them (the oldest
+        waits first: the walk stops at the first that does not fit)."""
+        used = self.used(placed)
+        limit = self.limit(b)
+        out = []
+        for p, est, _ in sorted(held, key=lambda h: h[2]):
+            need = self.need(p, est)
+            if not hbm_fits(used, need, limit):
+                break
+            out.append(p)
+            used += need
+        return out

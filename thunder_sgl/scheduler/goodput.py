@@ -20,8 +20,9 @@ reports the same). Discounted least squares (half-life ``fit_half_life_periods``
   steps and the engine's uncached prefill tokens): ``a`` is what a step
   costs whatever is cached (fixed costs, and attention over the whole sequence on
   ``torch_native``), ``β`` what each recomputed token adds. Until the periods vary enough to
-  tell the two apart, everything is charged per token (``a = 0``: recompute looks as dear as it
-  can, the conservative side).
+  tell the two apart, the last split is kept, rescaled to the data; before any split,
+  everything is charged per token (``a = 0``: recompute looks as dear as it can, the
+  conservative side).
 
 **2. The closed loop** (router timings, ``Backend.served``): each of n programs cycles
 ``tool Z`` → ``request R``. A step prefills ``u`` tokens — its new observation ``g`` if its KV
@@ -36,17 +37,20 @@ Which contexts survive a tool call: of n programs, ``k`` are *protected* (refere
 running) and survive in proportion ``min(1, left/(idle·c))``. Without session references no
 KV is protected and all idle programs share the LRU.
 
-**3. The choice.** Levels ``j = 0…levels``: extra tokens ``j/levels·max_overcommit·pool``
-above ``λ_max·pool`` (level 0 = the fixed watermarks), so ``n_j`` programs of the mean weighted
-demand, capped by the programs there are to run. Each level is predicted with every program
+**3. The choice.** Levels ``j = 0…levels``: extra tokens ``j/levels·E`` above ``λ_max·pool``
+(level 0 = the fixed watermarks), ``E`` what every program there is to run (the backend's and
+the global queue's) needs beyond what fits, at most ``max_overcommit·pool``; so ``n_j``
+programs of the mean weighted demand. Each level is predicted with every program
 within ``λ_max·pool`` protected, and (on backends with references) with none protected; the
-best wins. Leaving level 0 needs a predicted gain of ``min_gain``.
+best wins. Leaving level 0, or the model's current choice, needs a predicted gain of
+``min_gain``, and a new choice must hold two periods running before the model takes it.
 
 **4. The guard: measurement.** Goodput is measured per level over a window of whole periods
 (the period after a change is skipped: transient). Every ``probe_every_periods`` the level
 moves one step up or down (alternating) for ``probe_periods``; if the probe's measured rate
-beats the window before it by more than the noise — ``max(probe_margin, 2·√(1/n₁ + 1/n₂))``
-relative, for n₁, n₂ steps counted, so a decision needs evidence (hysteresis) — the bias moves
+beats the window before it by more than the noise — ``max(probe_margin, σ·√(1/n₁ + 1/n₂))``
+relative, for n₁, n₂ steps counted and σ = ``probe_sigmas``, so a decision needs evidence
+(hysteresis) — the bias moves
 one level that way, bounded by ``±max_bias``; otherwise the level returns. A prediction that is
 wrong is corrected by the bias; one wrong by far (measured below ``1 − fallback_error`` of the
 prediction for ``fallback_periods`` windows above level 0) drops the bias to level 0: the fixed
@@ -117,19 +121,26 @@ class PrefillFit:
                           keep * self.s22 + tokens * tokens, keep * self.s1y + steps * busy,
                           keep * self.s2y + tokens * busy)
 
-    def coefficients(self) -> tuple[float, float] | None:
-        """(a, β); None before any prefill. Charged per token while the two regressors are too
-        collinear to tell apart (the conservative side: recompute as dear as it can be)."""
+    def coefficients(self, prev: tuple[float, float] | None = None) -> tuple[float, float] | None:
+        """(a, β); None before any prefill. While the two regressors are too collinear to tell
+        apart, the previous split is kept, rescaled to the data (continuity), or — with none —
+        everything is charged per token (the conservative side: recompute as dear as it can be)."""
         if self.s22 <= 0:
             return None
         det = self.s11 * self.s22 - self.s12 * self.s12
         per_token = (0.0, max(self.s2y / self.s22, 0.0))
+        if prev is not None and (prev[0] > 0 or prev[1] > 0):
+            scaled = prev[0] * self.s11 + prev[1] * self.s12
+            fallback = (prev[0] * self.s1y / scaled, prev[1] * self.s1y / scaled) if scaled > 0 and self.s1y > 0 \
+                else per_token
+        else:
+            fallback = per_token
         if det <= 0.05 * self.s11 * self.s22:  # correlation above ~0.97
-            return per_token
+            return fallback
         a = (self.s22 * self.s1y - self.s12 * self.s2y) / det
         b = (self.s11 * self.s2y - self.s12 * self.s1y) / det
         if a < 0 or b < 0:
-            return per_token
+            return fallback
         return a, b
 
 
@@ -235,8 +246,13 @@ class AdmissionState:
     """Tokens of KV kept referenced (programs past it in pause order run unreferenced)."""
     level: int = 0
     model_level: int = 0
+    model_next: int = 0
+    """The model's preference last period: ``model_level`` follows a preference held twice."""
     bias: int = 0
-    """Levels that measurement moved the choice away from the model's."""
+    """Levels that measurement moved the choice away from the model's (bounded by ``max_bias``)."""
+    ceiling: int = 1 << 30
+    """Highest level allowed: set to 0 by a fallback, raised one level by each probe up that
+    wins from it."""
     predicted: float = 0.0
     """Steps/s the model predicts at ``level``."""
     predicted_fixed: float = 0.0
@@ -288,6 +304,7 @@ class AdmissionState:
         e = self.engine
         return {
             "rule": "goodput", "level": self.level, "model_level": self.model_level, "bias": self.bias,
+            "ceiling": None if self.ceiling >= 1 << 30 else self.ceiling,
             "extra_tokens": round(self.extra),
             "protected_tokens": None if math.isinf(self.protect) else round(self.protect),
             "programs": round(self.n, 2), "protected_programs": round(self.k, 2),
@@ -354,7 +371,7 @@ def update(state: AdmissionState | None, b: Backend, v: BackendView, now: float,
         pre = pre.add(bs, bt, bp, keep)
         tps = pre.s12 / pre.s11 if pre.s11 > 0 else tps
         bs = bt = bp = 0.0
-    engine = _engine(dec, pre) or st.engine
+    engine = _engine(dec, pre, st.engine) or st.engine
     st = replace(st, at=now, snap=cur, dec=dec, pre=pre, engine=engine, tokens_per_step=tps, block=(bs, bt, bp))
     # 4. the window measured at the current level
     if st.settle:
@@ -370,7 +387,13 @@ def update(state: AdmissionState | None, b: Backend, v: BackendView, now: float,
               new_tokens=dnew / dsteps if dnew > 0 and dsteps > 0 else 0.1 * v.context,
               hbm=float(b.tiers.hbm_tokens), cache=v.pool, refs=b.session_refs and cfg.session_refs)
     choices, churn = _choices(v, lp, engine, ac, st.level, tps)
-    st = replace(st, model_level=_best(choices, ac.min_gain, st.model_level), churn=churn)
+    best = _best(choices, ac.min_gain, st.model_level)
+    if best != st.model_level and best != st.model_next:  # a new preference: confirm it next period
+        st = replace(st, model_next=best, churn=churn)
+    elif best != st.model_level:
+        st = replace(st, model_level=best, model_next=best, churn=churn)
+    else:
+        st = replace(st, model_next=best, churn=churn)
     if st.probe:
         if st.probe_left > 1:
             st = replace(st, probe_left=st.probe_left - 1)
@@ -379,7 +402,7 @@ def update(state: AdmissionState | None, b: Backend, v: BackendView, now: float,
     else:
         st = replace(st, since_probe=st.since_probe + 1)
         st = _guard(st, ac, now, cfg.tick_seconds)
-    target = min(max(st.model_level + st.bias, 0), ac.levels)
+    target = min(max(st.model_level + st.bias, 0), ac.levels, st.ceiling)
     if st.probe == 0 and target != st.level:
         st = _set_level(st, target)
     elif st.probe == 0 and st.win_steps >= ac.probe_min_steps:
@@ -387,8 +410,8 @@ def update(state: AdmissionState | None, b: Backend, v: BackendView, now: float,
     return _apply(st, choices)
 
 
-def _engine(dec: DecodeFit, pre: PrefillFit) -> Engine | None:
-    line, coef = dec.line(), pre.coefficients()
+def _engine(dec: DecodeFit, pre: PrefillFit, prev: Engine | None) -> Engine | None:
+    line, coef = dec.line(), pre.coefficients((prev.a, prev.b) if prev is not None else None)
     if line is None or coef is None:
         return None
     return Engine(line[0], line[1], coef[0], coef[1])
@@ -404,11 +427,13 @@ def _choices(v: BackendView, lp: Loop, e: Engine | None, ac: AdmissionConfig, le
     what the model predicts at the current level. Churn comes from programs rotating through
     the backend (paused, their KV dropped, restored later); it shrinks as a level runs more of
     the programs there are (none once all run)."""
-    step = ac.max_overcommit * v.pool / ac.levels
     per = v.demand - v.shared
     w = per / v.active if v.active and per > 0 else max(lp.context, 1.0)
     base = max(v.fit_limit - v.shared, 0.0)
     k_fit = base / w
+    # the levels span what the programs there are need beyond what fits, up to max_overcommit
+    need = max(0.0, float(v.supply) * w - base) if v.supply else ac.max_overcommit * v.pool
+    step = max(min(ac.max_overcommit * v.pool, need), w) / ac.levels
     ns = [max(1.0, min(float(v.supply), (base + j * step) / w) if v.supply else (base + j * step) / w)
           for j in range(ac.levels + 1)]
     if e is None:
@@ -447,10 +472,10 @@ def _best(choices: list[_Choice], min_gain: float, current: int) -> int:
     return 0
 
 
-def _noise(n1: int, n2: int, floor: float) -> float:
-    """Relative difference two step counts must show to differ beyond their noise (twice the
-    relative standard deviation of a difference of Poisson rates)."""
-    return max(floor, 2.0 * math.sqrt(1.0 / max(n1, 1) + 1.0 / max(n2, 1)))
+def _noise(n1: int, n2: int, floor: float, sigmas: float) -> float:
+    """Relative difference two step counts must show to differ beyond their noise (``sigmas``
+    relative standard deviations of a difference of Poisson rates)."""
+    return max(floor, sigmas * math.sqrt(1.0 / max(n1, 1) + 1.0 / max(n2, 1)))
 
 
 def _set_level(st: AdmissionState, level: int) -> AdmissionState:
@@ -481,10 +506,12 @@ def _end_probe(st: AdmissionState, ac: AdmissionConfig) -> AdmissionState:
     probe's way when it wins by more than the noise; a lost probe doubles the wait before the
     next in its direction (up to 8 times)."""
     won = st.win_steps > 0 and st.base_steps > 0 and st.base_rate > 0 and \
-        st.measured > st.base_rate * (1.0 + _noise(st.base_steps, st.win_steps, ac.probe_margin))
+        st.measured > st.base_rate * (1.0 + _noise(st.base_steps, st.win_steps, ac.probe_margin, ac.probe_sigmas))
     d = st.probe
     if won:
         st = replace(st, bias=min(max(st.bias + d, -ac.max_bias), ac.max_bias), probes_won=st.probes_won + 1)
+        if d > 0 and st.level > st.ceiling:
+            st = replace(st, ceiling=st.level)
         st = replace(st, up_wait=1) if d > 0 else replace(st, down_wait=1)
     else:
         st = replace(st, up_wait=min(8, st.up_wait * 2)) if d > 0 else replace(st, down_wait=min(8, st.down_wait * 2))
@@ -500,10 +527,11 @@ def _guard(st: AdmissionState, ac: AdmissionConfig, now: float, tick: float) -> 
     recent = st.fixed_steps > 0 and now - st.fixed_at <= 16 * ac.probe_every_periods * tick
     if st.level == 0 or st.win_steps < ac.probe_min_steps or not recent:
         return replace(st, wrong=0) if st.wrong else st
-    if st.measured < st.fixed_rate * (1.0 - _noise(st.fixed_steps, st.win_steps, ac.probe_margin)):
+    if st.measured < st.fixed_rate * (1.0 - _noise(st.fixed_steps, st.win_steps, ac.probe_margin, ac.probe_sigmas)):
         wrong = st.wrong + 1
         if wrong >= ac.fallback_periods:
-            return replace(st, wrong=0, bias=-st.model_level, fallbacks=st.fallbacks + 1, up_wait=min(8, st.up_wait * 2))
+            return replace(st, wrong=0, bias=max(-st.model_level, -ac.max_bias), ceiling=0, fallbacks=st.fallbacks + 1,
+                           up_wait=min(8, st.up_wait * 2))
         return replace(st, wrong=wrong)
     return replace(st, wrong=0)
 
@@ -511,3 +539,25 @@ def _guard(st: AdmissionState, ac: AdmissionConfig, now: float, tick: float) -> 
 def _apply(st: AdmissionState, choices: list[_Choice]) -> AdmissionState:
     extra, protect, n, k, rate = choices[st.level]
     return replace(st, extra=extra, protect=protect, n=n, k=k, predicted=rate, predicted_fixed=choices[0][4])
+
+
+def summarize(views: list[dict[str, object]]) -> str:
+    """One token (no spaces) for a run's notes: the levels held across backends (mean, range),
+    programs admitted and protected (mean), probes started and won, fallbacks."""
+    vs = [v for v in views if v and v.get("rule") == "goodput"]
+    if not vs:
+        return ""
+
+    def num(v: dict[str, object], k: str) -> float:
+        x = v.get(k)
+        return float(x) if isinstance(x, (int, float)) else 0.0
+
+    levels = [num(v, "level") for v in vs]
+    mean = sum(levels) / len(levels)
+    rng = f"[{min(levels):g}-{max(levels):g}]" if len(vs) > 1 else ""
+    n = sum(num(v, "programs") for v in vs) / len(vs)
+    k = sum(num(v, "protected_programs") for v in vs) / len(vs)
+    probes = sum(num(v, "probes") for v in vs)
+    won = sum(num(v, "probes_won") for v in vs)
+    falls = sum(num(v, "fallbacks") for v in vs)
+    return f"L{mean:.3g}{rng},n{n:.1f},k{k:.1f},probes{probes:g}/{won:g}won,fallbacks{falls:g}"

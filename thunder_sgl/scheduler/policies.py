@@ -28,6 +28,7 @@ from thunder_sgl.config import AdmissionConfig, SchedulerConfig
 from thunder_sgl.errors import ConfigError
 from thunder_sgl.programs import Program, ProgramTable
 from thunder_sgl.scheduler.core import Decisions, ThunderScheduler
+from thunder_sgl.scheduler.gate import RequestGate
 from thunder_sgl.scheduler.grouping import GroupPicker
 
 
@@ -36,11 +37,14 @@ class ProgramScheduler(Protocol):
 
     ``tick`` is pure: it reads the programs and backends, returns decisions, mutates nothing
     (``core.apply`` carries them out). ``queue_order`` lists the waiting programs best first.
-    ``cfg`` is the one configuration the controller reads for scheduling parameters.
+    ``gate`` says whether one request of an active program goes now, and in which order held
+    ones go (the controller asks it; it decides nothing itself). ``cfg`` is the one
+    configuration the controller reads for scheduling parameters.
     """
 
     cfg: SchedulerConfig
     stale_after: float
+    gate: RequestGate
 
     def tick(self, now: float, programs: ProgramTable, backends: Sequence[Backend]) -> Decisions: ...
 

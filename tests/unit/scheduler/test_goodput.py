@@ -1,0 +1,292 @@
+"""Admission from goodput (scheduler/goodput.py): the engine fit, the loop model, the choice of
+level, and the measurement guard, driven by a synthetic backend whose counters follow a known
+engine."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sched_scenarios import active, backend, new
+
+from thunder_sgl.backends import Backend, Tiers
+from thunder_sgl.config import AdmissionConfig, SchedulerConfig
+from thunder_sgl.programs import ProgramTable
+from thunder_sgl.scheduler import ThunderScheduler, apply
+from thunder_sgl.scheduler.goodput import (
+    AdmissionState,
+    BackendView,
+    DecodeFit,
+    Engine,
+    Loop,
+    PrefillFit,
+    predict,
+    update,
+)
+from thunder_sgl.scheduler.grouping import GroupPicker
+
+CFG = SchedulerConfig()
+AC = CFG.admission
+POOL = 24_576
+SHARED = 1_200.0
+CONTEXT = 4_000.0
+
+# A CPU-like engine: a step costs mostly the same whatever is cached, recompute is cheap,
+# decode batches well: running more programs than fit pays.
+CPU = Engine(d0=0.010, d1=0.004, a=0.15, b=3e-5)
+# An engine whose batch gains nothing: each request costs the same alone or batched, and a
+# recomputed token costs what a new one does.
+SERIAL = Engine(d0=0.0, d1=0.02, a=0.0, b=4e-4)
+
+
+def loop(refs: bool = True) -> Loop:
+    return Loop(tool_s=3.0, context=CONTEXT, shared=SHARED, output=16.0, new_tokens=300.0, hbm=POOL,
+                cache=POOL, refs=refs)
+
+
+class Synthetic:
+    """A backend whose engine counters and completed steps follow ``truth`` at whatever level
+    the rule chose: each period, steps = rate × dt (Poisson when ``noise``), tokens and busy
+    seconds from the engine ``e`` at that level's batch."""
+
+    def __init__(self, truth: Engine, supply: int = 24, noise: bool = True, seed: int = 0,
+                 rate: object = None) -> None:
+        self.truth, self.supply, self.noise = truth, supply, noise
+        self.rng = random.Random(seed)
+        self.rate = rate
+        self.b = Backend("http://syn", 0, Tiers(hbm_tokens=POOL), session_refs=True)
+        self.b.served.tool_s = 3.0
+        self.st: AdmissionState | None = None
+        self.now = 0.0
+        self.steps_f = 0.0
+        self.moments = [0.0] * 5
+        self.history: list[AdmissionState] = []
+
+    def n_of(self, st: AdmissionState | None) -> float:
+        return st.n if st is not None and st.n > 0 else (0.95 * POOL - SHARED) / CONTEXT
+
+    def view(self, n: float) -> BackendView:
+        active_n = max(1, int(round(min(n, self.supply))))
+        return BackendView(pool=float(POOL), fit_limit=0.95 * POOL, demand=SHARED + active_n * CONTEXT, shared=SHARED,
+                           active=active_n, context=CONTEXT, output=16.0, supply=self.supply)
+
+    def period(self) -> AdmissionState:
+        dt = CFG.tick_seconds
+        n = self.n_of(self.st)
+        k = self.st.k if self.st is not None and self.st.n > 0 else n
+        p = predict(n, k, self.truth, loop())
+        rate = p.rate if self.rate is None else self.rate(self.st.level if self.st else 0, p.rate)  # type: ignore[operator]
+        mean = rate * dt
+        steps = self._poisson(mean) if self.noise else mean
+        self.steps_f += steps
+        s = self.b.served
+        whole = int(self.steps_f) - s.steps
+        s.steps += whole
+        s.new_tokens += int(whole * 300)
+        s.output_tokens += int(whole * 16)
+        jitter = self.rng.uniform(0.6, 1.4) if self.noise else 1.0 + 0.3 * math.sin(self.now)
+        tokens = whole * p.uncached * jitter
+        lv = self.b.live
+        lv.prefill_tokens_total += int(tokens)
+        lv.prefill_busy_s_total += self.truth.a * whole + self.truth.b * tokens
+        for bb in (max(1.0, p.batch * 0.7), max(1.0, p.batch * 1.3)):  # two halves: the slope is seen
+            iters = whole * 16 / 2 / bb
+            t = self.truth.d0 + self.truth.d1 * bb
+            for i, x in enumerate((iters, iters * bb, iters * t, iters * bb * bb, iters * bb * t)):
+                self.moments[i] += x
+        lv.decode_moments = tuple(self.moments)
+        self.now += dt
+        self.st = update(self.st, self.b, self.view(n), self.now, CFG)
+        self.history.append(self.st)
+        return self.st
+
+    def _poisson(self, mean: float) -> float:
+        # normal approximation: enough for counts of tens
+        return max(0.0, self.rng.gauss(mean, math.sqrt(max(mean, 1e-9))))
+
+    def run(self, periods: int) -> list[AdmissionState]:
+        self.st = update(None, self.b, self.view(self.n_of(None)), 0.0, CFG)
+        for _ in range(periods):
+            self.period()
+        return self.history
+
+
+def settled_levels(history: list[AdmissionState]) -> list[int]:
+    """The level outside probes (what the rule chose, not what it was measuring)."""
+    return [h.level for h in history if h.probe == 0]
+
+
+# ---- the pieces -------------------------------------------------------------------------
+def test_the_decode_fit_recovers_a_line_from_moments():
+    f = DecodeFit()
+    for b, n in ((2.0, 100.0), (6.0, 50.0), (10.0, 20.0)):
+        t = 0.01 + 0.004 * b
+        f = f.add((n, n * b, n * t, n * b * b, n * b * t), 1.0)
+    d0, d1 = f.line()
+    assert d0 == pytest.approx(0.01) and d1 == pytest.approx(0.004)
+
+
+def test_the_prefill_fit_tells_per_step_from_per_token_costs_once_they_vary():
+    f = PrefillFit()
+    f = f.add(10, 3000, 10 * 0.4 + 3000 * 3e-5, 1.0)
+    assert f.coefficients() == (0.0, pytest.approx((10 * 0.4 + 3000 * 3e-5) / 3000))  # one block: all per token
+    f = f.add(10, 30_000, 10 * 0.4 + 30_000 * 3e-5, 1.0)
+    a, b = f.coefficients()
+    assert a == pytest.approx(0.4) and b == pytest.approx(3e-5)
+
+
+def test_the_loop_model_sees_an_idle_engine_fill_and_then_saturate():
+    lp = loop()
+    rates = [predict(n, min(n, 5.0), CPU, lp).rate for n in (1, 3, 5, 8, 24)]
+    assert rates[0] < rates[1] < rates[2]  # more programs fill the idle engine
+    # no model runs beyond what the engine does alone at its largest batch
+    assert max(rates) <= 1.0 / CPU.a + 1e-9
+
+
+def test_with_no_batching_gain_more_programs_only_add_recompute():
+    lp = loop()
+    r = [predict(n, min(n, 5.0), SERIAL, lp).rate for n in (5, 8, 12, 24)]
+    assert r == sorted(r, reverse=True)
+
+
+# ---- the rule ---------------------------------------------------------------------------
+def test_fixed_mode_keeps_no_state_and_the_tick_no_extra():
+    cfg = dataclasses.replace(CFG, admission=AdmissionConfig(mode="fixed"))
+    b = backend("a", POOL)
+    t = ProgramTable()
+    for i in range(5):
+        active(t, f"p{i}", b, 5_000)
+    b.admission = AdmissionState(extra=30_000.0, at=0.0)
+    d = ThunderScheduler(cfg).tick(10.0, t, [b])
+    assert d.admission == {} and d.unref == frozenset()
+
+
+def test_on_a_cpu_like_engine_the_rule_admits_more_than_fits():
+    syn = Synthetic(CPU, noise=False)
+    hist = syn.run(60)
+    assert hist[-1].level > 0 and hist[-1].n > 1.5 * syn.n_of(None)
+    assert hist[-1].engine is not None and hist[-1].engine.a == pytest.approx(CPU.a, rel=0.05)
+
+
+def test_on_an_engine_whose_batch_gains_nothing_it_is_the_fixed_watermarks():
+    syn = Synthetic(SERIAL, noise=False)
+    hist = syn.run(200)
+    assert all(h.model_level == 0 for h in hist)
+    assert settled_levels(hist) == [0] * len(settled_levels(hist))
+    # probes up lose, and each loss doubles the wait: the rule spends little time off level 0
+    off = sum(1 for h in hist if h.level != 0)
+    assert off <= 0.25 * len(hist)
+    assert all(h.extra == 0.0 for h in hist if h.level == 0)
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_under_a_steady_load_it_converges_and_does_not_oscillate(seed):
+    syn = Synthetic(CPU, noise=True, seed=seed)
+    hist = syn.run(240)
+    late = settled_levels(hist[120:])
+    # once settled, the chosen level changes at most twice (a won probe moves it once)
+    changes = sum(1 for x, y in zip(late, late[1:], strict=False) if x != y)
+    assert changes <= 2, late
+    # and it is near the best the truth allows
+    best = max(predict(n, min(n, 5.0), CPU, loop()).rate for n in range(1, 25))
+    chosen = hist[-1]
+    assert predict(chosen.n, chosen.k, CPU, loop()).rate >= 0.85 * best
+
+
+def test_a_wrong_prediction_is_corrected_by_measurement():
+    """The counters say a CPU-like engine (more programs pay), but the steps measured fall with
+    every level above the watermarks (a thrashing engine): the guard brings the level back."""
+    syn = Synthetic(CPU, noise=False, rate=lambda level, r: r if level == 0 else r * (0.7 ** level))
+    hist = syn.run(300)
+    assert any(h.fallbacks > 0 for h in hist) or hist[-1].bias < 0
+    late = settled_levels(hist[200:])
+    assert late.count(0) >= 0.8 * len(late)
+
+
+@settings(max_examples=150, deadline=None)
+@given(steps=st.lists(st.tuples(st.integers(0, 60), st.integers(0, 40_000), st.floats(0.0, 20.0),
+                                st.integers(0, 400), st.floats(1.0, 64.0)), min_size=1, max_size=40),
+       supply=st.integers(1, 200), active_n=st.integers(1, 50), tool=st.floats(0.0, 60.0))
+def test_state_stays_within_its_bounds_whatever_the_counters(steps, supply, active_n, tool):
+    b = Backend("http://x", 0, Tiers(hbm_tokens=POOL), session_refs=True)
+    b.served.tool_s = tool
+    v = BackendView(pool=float(POOL), fit_limit=0.95 * POOL, demand=0.95 * POOL, shared=SHARED, active=active_n,
+                    context=CONTEXT, output=16.0, supply=max(supply, active_n))
+    s = update(None, b, v, 0.0, CFG)
+    m = [0.0] * 5
+    for i, (ds, dtok, dbusy, iters, batch) in enumerate(steps):
+        b.served.steps += ds
+        b.live.prefill_tokens_total += dtok
+        b.live.prefill_busy_s_total += dbusy
+        m = [m[0] + iters, m[1] + iters * batch, m[2] + iters * 0.02, m[3] + iters * batch * batch, m[4] + iters * batch * 0.02]
+        b.live.decode_moments = tuple(m)
+        s = update(s, b, v, (i + 1) * CFG.tick_seconds, CFG)
+        assert 0 <= s.level <= AC.levels and abs(s.bias) <= AC.max_bias
+        assert 0.0 <= s.extra <= AC.max_overcommit * POOL + 1e-6
+        assert s.protect == math.inf or 0.0 <= s.protect <= POOL
+        assert s.predicted >= 0.0 and s.measured >= 0.0
+
+
+def test_no_update_before_a_whole_period():
+    syn = Synthetic(CPU)
+    s = update(None, syn.b, syn.view(5.0), 0.0, CFG)
+    assert update(s, syn.b, syn.view(5.0), CFG.tick_seconds / 2, CFG) is s
+
+
+def test_an_engine_restart_does_not_feed_negative_counters_to_the_fit():
+    syn = Synthetic(CPU, noise=False)
+    syn.run(20)
+    before = syn.st
+    syn.b.live.prefill_tokens_total = 0
+    syn.b.live.prefill_busy_s_total = 0.0
+    syn.b.live.decode_moments = (0.0,) * 5
+    syn.now += CFG.tick_seconds
+    after = update(syn.st, syn.b, syn.view(5.0), syn.now, CFG)
+    assert after.pre == before.pre and after.dec == before.dec
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(500, 9_000), min_size=3, max_size=30), level=st.integers(0, 12),
+       free_every=st.integers(1, 4))
+def test_waits_stay_bounded_at_any_admission_level(sizes, level, free_every):
+    """Whatever level the rule holds (frozen here), every waiting program is placed within the
+    bound that aging and head-of-line reservation give at the fixed watermarks."""
+    cfg = SchedulerConfig(default_output_tokens=1)
+    b = backend("b", 20_000)
+    table = ProgramTable()
+    pol = ThunderScheduler(cfg, picker=GroupPicker())
+    extra = level / AC.levels * AC.max_overcommit * 20_000
+    for i, c in enumerate(sizes):
+        new(table, f"w{i}", c, since=0.0)
+    placed_at: dict[str, int] = {}
+    now, tick = 0.0, 0
+    max_ticks = int(cfg.reserve_after_seconds / cfg.tick_seconds) + free_every * len(sizes) * 2 + 5
+    while len(placed_at) < len(sizes):
+        assert tick <= max_ticks, "a program waited beyond the bound"
+        b.admission = AdmissionState(extra=extra, at=math.inf, level=level)  # frozen: no update
+        _, placed = apply(pol.tick(now, table, [b]), table, now)
+        for p in placed:
+            placed_at[p.id] = tick
+            p.held = 0
+            p.start_request(now, p.pending_prompt_tokens)
+        if tick % free_every == 0:
+            running = [p for p in table if p.active]
+            if running:
+                table.remove(min(running, key=lambda p: p.id).id, now)
+        now += cfg.tick_seconds
+        tick += 1
+
+
+def test_the_view_names_what_operators_read():
+    syn = Synthetic(CPU, noise=False)
+    syn.run(30)
+    v = syn.st.view()
+    for k in ("level", "model_level", "bias", "extra_tokens", "programs", "protected_programs",
+              "predicted_steps_per_s", "predicted_fixed_steps_per_s", "measured_steps_per_s", "probe", "engine"):
+        assert k in v
+    assert v["probe"] in ("none", "up", "down")
