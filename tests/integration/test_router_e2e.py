@@ -215,6 +215,6 @@ def test_each_dp_rank_is_a_backend_and_requests_are_pinned_to_it(spawn, tmp_path
                                        messages=[{"role": "user", "content": text(3000, pid)}])
     placed = {httpx.get(f"{router.url}/programs/{pid}").json()["backend"] for pid in ("r0", "r1")}
     assert placed == set(keys)                   # one program per rank (most free pool)
-    # num_total_tokens: device tokens in use, cached prefixes included (sim/metrics.py).
+    # num_total_tokens: device tokens in use, cached prefixes included (sim/exposition.py).
     held = [x["num_total_tokens"] for x in httpx.get(sim.urls[0] + "/v1/loads").json()["loads"]]
     assert all(u > 2500 for u in held), held     # each rank holds its program's KV: pinned, not balanced

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from thunder_sgl.sim.admission import may_admit_during_span, release, retract, schedule_prefill
 from thunder_sgl.sim.config import SimConfig
-from thunder_sgl.sim.metrics import LATENCY_BUCKETS, LOAD_BUCKETS, Histogram, engine_stats
+from thunder_sgl.sim.exposition import LATENCY_BUCKETS, LOAD_BUCKETS, Histogram, engine_stats
 from thunder_sgl.sim.radix import Node
 from thunder_sgl.sim.request import (
     DONE,

@@ -14,8 +14,8 @@ from typing import Any
 
 from thunder_sgl.sim.config import SimConfig
 from thunder_sgl.sim.engine import Engine
+from thunder_sgl.sim.exposition import histogram_text, loads_entry, metrics_text
 from thunder_sgl.sim.faults import Faults
-from thunder_sgl.sim.metrics import histogram_text, loads_entry, metrics_text
 from thunder_sgl.sim.request import (
     Completion,
     EngineCounters,
