@@ -21,7 +21,7 @@ from aiohttp import web
 
 from thunder_sgl.errors import ConfigError
 from thunder_sgl.sim import protocol as P
-from thunder_sgl.sim.metrics import front_end_text
+from thunder_sgl.sim.exposition import front_end_text
 from thunder_sgl.sim.request import SimRequest, SimRequestError
 from thunder_sgl.sim.server import SIM, Pending, SimServer, error_response, json_response
 from thunder_sgl.sim.tokenizer import EOS, Tokenizer
