@@ -68,12 +68,16 @@ class AdmissionConfig:
     probe_sigmas: float = 1.5
     """goodput: standard deviations of the step counts' noise a probe must win by."""
 
+    probe_step: float = 0.1
+    """goodput: a probe moves to the nearest level that runs at least this share more or
+    fewer programs (and at least one)."""
+
+    probe_window: float = 0.15
+    """goodput: no probe up to a level the model predicts more than this share below the
+    current one (a probe up costs the recompute of what it admits)."""
+
     max_bias: int = 4
     """goodput: most levels that measurement may move the choice away from the model's."""
-
-    fallback_periods: int = 3
-    """goodput: consecutive periods measured below the watermarks' recent rate (beyond the
-    noise) after which the level returns to the watermarks."""
 
     occupancy_target: float = 0.95
     """occupancy: the share of time a backend should have a request in flight."""
@@ -109,8 +113,9 @@ class AdmissionConfig:
         _check(self.probe_min_steps >= 1, "scheduler.admission.probe_min_steps must be >= 1")
         _check(0 <= self.probe_margin < 1, "scheduler.admission.probe_margin must be in [0, 1)")
         _check(0 < self.probe_sigmas <= 6, "scheduler.admission.probe_sigmas must be in (0, 6]")
+        _check(0 <= self.probe_window <= 1, "scheduler.admission.probe_window must be in [0, 1]")
+        _check(0 <= self.probe_step <= 1, "scheduler.admission.probe_step must be in [0, 1]")
         _check(0 <= self.max_bias <= self.levels, "scheduler.admission.max_bias must be in [0, levels]")
-        _check(self.fallback_periods >= 1, "scheduler.admission.fallback_periods must be >= 1")
         _check(0 < self.occupancy_target < 1, "scheduler.admission.occupancy_target must be in (0, 1)")
         _check(0 < self.gain <= 4 and 0 < self.decrease <= 1, "scheduler.admission: gain in (0, 4], decrease in (0, 1]")
         _check(0 <= self.deadband < self.occupancy_target, "scheduler.admission.deadband must be in [0, target)")

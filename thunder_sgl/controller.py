@@ -394,6 +394,7 @@ class Controller:
         p.start_request(now, estimate)
         if returning:  # the tool time since its last step (start_request measured it)
             b.served.tool_s = ema(b.served.tool_s, p.last_tool_seconds, self.sched.admission.cost_ema_alpha)
+            b.served.tool_hist.add(p.last_tool_seconds)
         b.sent(now)
         self.kvrefs.dispatched(p, b)
         t.backend, t.dispatched_at = b, now

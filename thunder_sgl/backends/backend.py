@@ -113,6 +113,41 @@ class Live:
         self.updated_at = now
 
 
+TOOL_BINS = tuple(0.05 * 1.5 ** i for i in range(30))
+"""Upper edges (seconds) of the tool-time histogram: 0.05 s to ~6 hours, ×1.5 apart."""
+
+
+@dataclass(slots=True)
+class ToolTimes:
+    """A decaying histogram of tool times on log-spaced bins (``TOOL_BINS``); each new time
+    multiplies the old weights by ``keep``, so the last few hundred tool calls count."""
+
+    weights: list[float] = field(default_factory=lambda: [0.0] * len(TOOL_BINS))
+    keep: float = 0.995
+
+    def add(self, seconds: float) -> None:
+        w = self.weights
+        for i in range(len(w)):
+            w[i] *= self.keep
+        for i, edge in enumerate(TOOL_BINS):
+            if seconds <= edge or i == len(TOOL_BINS) - 1:
+                w[i] += 1.0
+                return
+
+    def points(self) -> tuple[tuple[float, float], ...]:
+        """(bin middle seconds, share of tool calls) for the bins that hold any."""
+        total = sum(self.weights)
+        if total <= 0:
+            return ()
+        out = []
+        lo = 0.0
+        for edge, w in zip(TOOL_BINS, self.weights, strict=True):
+            if w > 0:
+                out.append(((lo + edge) / 2, w / total))
+            lo = edge
+        return tuple(out)
+
+
 @dataclass(slots=True)
 class Served:
     """What this router measured of a backend, cumulative: how long it had a request in flight
@@ -136,6 +171,8 @@ class Served:
     """EMA of a request's duration (dispatch to last byte)."""
     tool_s: float = 0.0
     """EMA of the tool time between a program's requests."""
+    tool_hist: ToolTimes = field(default_factory=lambda: ToolTimes())
+    """The tool times' distribution (recent ones weigh most): how long KV sits idle."""
 
     def occupied(self, now: float) -> float:
         """Seconds with at least one request in flight, up to ``now``."""

@@ -34,11 +34,15 @@ the steps per second are ``X = B/R(B)``. B is capped by HBM: requests in flight 
 ``c + o`` each beside the shared prefix and the idle protected KV that must stay on the device.
 Which contexts survive a tool call: of n programs, ``k`` are *protected* (referenced, counted,
 ``kvrefs``), always kept; the others share the cache left over (pool − shared − protected −
-running) and survive in proportion ``min(1, left/(idle·c))``. Without session references no
+running), which holds ``min(1, left/(idle·c))`` of their idle KV; evicting the longest idle
+first, a context survives when its tool call ends before the eviction age (Che's
+approximation over the measured tool-time distribution, ``_lru_survival``): with heavy-tailed
+tools a small overcommit evicts only the long waits. Without session references no
 KV is protected and all idle programs share the LRU.
 
-**3. The choice.** Levels ``j = 0…levels``: extra tokens ``j/levels·E`` above ``λ_max·pool``
-(level 0 = the fixed watermarks), ``E`` what every program there is to run (the backend's and
+**3. The choice.** Levels ``j = 0…levels``: extra tokens ``E·(g^j − 1)/(g^levels − 1)`` above
+``λ_max·pool`` (level 0 = the fixed watermarks; g = ``LEVEL_GROWTH``: fine steps just above
+the watermarks, coarse ones far above), ``E`` what every program there is to run (the backend's and
 the global queue's) needs beyond what fits, at most ``max_overcommit·pool``; so ``n_j``
 programs of the mean weighted demand. Each level is predicted with every program
 within ``λ_max·pool`` protected, and (on backends with references) with none protected; the
@@ -47,16 +51,23 @@ best wins. Leaving level 0, or the model's current choice, needs a predicted gai
 
 **4. The guard: measurement.** Goodput is measured per level over a window of whole periods
 (the period after a change is skipped: transient). Every ``probe_every_periods`` the level
-moves one step up or down (alternating) for ``probe_periods``; if the probe's measured rate
-beats the window before it by more than the noise — ``max(probe_margin, σ·√(1/n₁ + 1/n₂))``
-relative, for n₁, n₂ steps counted and σ = ``probe_sigmas``, so a decision needs evidence
-(hysteresis) — the bias moves
-one level that way, bounded by ``±max_bias``; otherwise the level returns. A prediction that is
-wrong is corrected by the bias; one wrong by far (measured below ``1 − fallback_error`` of the
-prediction for ``fallback_periods`` windows above level 0) drops the bias to level 0: the fixed
-watermarks.
+moves up or down (alternating) to the nearest level that runs measurably more or fewer
+programs (``probe_step`` of them, at least one) for ``probe_periods`` — longer, up to 4×, until
+it has counted ``probe_min_steps`` steps. If the probe's measured
+rate beats the window before it by more than the noise — a log ratio above
+``max(log(1 + probe_margin), σ·√(1/n₁ + 1/n₂))`` for n₁, n₂ steps counted and σ =
+``probe_sigmas``, so a decision needs evidence (hysteresis) — the bias moves one level that
+way, bounded by ``±max_bias``; otherwise the level returns. A prediction that is wrong is
+corrected by the bias. Every other probe down from above level 1 is a *reference* probe:
+straight to level 0, the fixed watermarks, measured beside the window just before it (so a
+load that changes over time does not fool the comparison); when the watermarks win — the
+predicted gain is not there — the choice falls back to level 0 and is capped there; each
+probe up that wins from the cap raises it one level. A probe that loses doubles the wait before the next one in its direction (up to
+16×), and no probe goes up where the model predicts a loss beyond ``probe_window``, so an
+engine where the watermarks are right spends little time probing.
 
-On an engine whose batch gains nothing (``d0 = 0``, ``a = 0``) more programs only add
+On an engine whose batch gains nothing (``d0 = 0``, ``a = 0``) and that the programs that fit
+already keep busy, more programs only add
 recompute, so level 0 wins and the rule is the fixed watermarks. Pure and deterministic:
 ``update`` takes the previous state, the backend's counters and time, returns the next state
 (the tick stores it on the backend through ``Decisions``).
@@ -71,6 +82,8 @@ from thunder_sgl.backends.backend import Backend
 from thunder_sgl.config import AdmissionConfig, SchedulerConfig
 
 _MOMENTS = 5  # n, Σb, Σt (s), Σb², Σb·t (s)
+MAX_BACKOFF = 16
+"""A lost probe doubles the wait before the next in its direction, up to this many times."""
 
 
 # ---- 1. the engine, fitted ------------------------------------------------------------------
@@ -176,6 +189,9 @@ class Loop:
     """Tokens the backend keeps across tiers (the pool)."""
     refs: bool
     """The engine keeps referenced KV first (session radix cache)."""
+    tools: tuple[tuple[float, float], ...] = ()
+    """The tool times' distribution: (seconds, share) points (``ToolTimes.points``); empty:
+    every idle context equally likely to be evicted."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,12 +232,40 @@ def predict(n: float, k: float, e: Engine, lp: Loop, churn: float = 0.0) -> Pred
         x = run / r if run >= 1.0 else batch / r
         left = lp.cache - lp.shared - k * c - run * (c + o) * (n - k) / n
         idle_free = (n - k) * idle / n
-        new_survive = 1.0 if idle_free <= 1e-9 else min(1.0, max(0.0, left) / (idle_free * c))
+        share = 1.0 if idle_free <= 1e-9 else min(1.0, max(0.0, left) / (idle_free * c))
+        new_survive = _lru_survival(share, lp.tools)
         if abs(new_survive - survive) < 1e-4:
             survive = new_survive
             break
         survive = new_survive
     return Prediction(x, batch, survive, u)
+
+
+def _lru_survival(share: float, tools: tuple[tuple[float, float], ...]) -> float:
+    """Share of idle contexts that outlive their tool call when the cache keeps ``share`` of
+    the idle KV, evicting the longest idle first (LRU). Che's approximation: a context is
+    evicted once it has been idle for T, where T makes the KV held — each idle context
+    counted for the part of its tool call before T, ``E[min(Z, T)] / E[Z]`` — equal to
+    ``share``; it survives when its tool call is shorter: ``P(Z < T)``. With heavy-tailed
+    tool times a small shortfall of cache evicts only the long waits; without a
+    distribution, or for exponential ones, survival is ``share`` itself."""
+    if share >= 1.0 or not tools:
+        return max(0.0, min(1.0, share))
+    if share <= 0.0:
+        return 0.0
+    mean = sum(z * w for z, w in tools)
+    if mean <= 0:
+        return share
+    lo, hi = 0.0, max(z for z, _ in tools)
+    for _ in range(40):
+        t = (lo + hi) / 2
+        held = sum(min(z, t) * w for z, w in tools) / mean
+        if held < share:
+            lo = t
+        else:
+            hi = t
+    t = (lo + hi) / 2
+    return sum(w for z, w in tools if z < t) + 0.5 * sum(w for z, w in tools if z == t)
 
 
 def _in_flight(n: float, z: float, alpha: float, gamma: float, alone: float) -> float:
@@ -260,21 +304,23 @@ class AdmissionState:
     measured: float = 0.0
     """Steps/s measured over the current window."""
     fixed_rate: float = 0.0
-    """Steps/s last measured at level 0 (0: not yet)."""
+    """Steps/s last measured at level 0 (0: not yet; shown, not compared)."""
     fixed_steps: int = 0
-    fixed_at: float = 0.0
     probe: int = 0
     """Direction of the probe under way (0: none)."""
     probe_left: int = 0
     next_probe: int = 1
     since_probe: int = 0
     up_wait: int = 1
-    """Multiplier of ``probe_every_periods`` before the next probe up (doubles after a lost probe)."""
+    """Multiplier of ``probe_every_periods`` before the next probe up (doubles after a lost
+    probe, up to ``MAX_BACKOFF``)."""
     down_wait: int = 1
     base_rate: float = 0.0
     base_steps: int = 0
-    wrong: int = 0
-    """Consecutive periods measured below the fixed watermarks' rate above level 0."""
+    reference: bool = False
+    """The probe under way goes to level 0 (the fixed watermarks) to check the gain is there."""
+    next_reference: bool = False
+    """The next probe down is a reference probe."""
     fallbacks: int = 0
     probes: int = 0
     probes_won: int = 0
@@ -380,12 +426,13 @@ def update(state: AdmissionState | None, b: Backend, v: BackendView, now: float,
         st = replace(st, win_steps=st.win_steps + int(dsteps), win_s=st.win_s + dt)
     st = replace(st, measured=st.win_steps / st.win_s if st.win_s > 0 else 0.0)
     if st.level == 0 and not st.probe and st.win_steps >= ac.probe_min_steps:
-        st = replace(st, fixed_rate=st.measured, fixed_steps=st.win_steps, fixed_at=now)
+        st = replace(st, fixed_rate=st.measured, fixed_steps=st.win_steps)
     # 2–3. the model and its choice
     lp = Loop(tool_s=b.served.tool_s, context=v.context, shared=v.shared,
               output=dout / dsteps if dsteps > 0 else v.output,
               new_tokens=dnew / dsteps if dnew > 0 and dsteps > 0 else 0.1 * v.context,
-              hbm=float(b.tiers.hbm_tokens), cache=v.pool, refs=b.session_refs and cfg.session_refs)
+              hbm=float(b.tiers.hbm_tokens), cache=v.pool, refs=b.session_refs and cfg.session_refs,
+              tools=b.served.tool_hist.points())
     choices, churn = _choices(v, lp, engine, ac, st.level, tps)
     best = _best(choices, ac.min_gain, st.model_level)
     if best != st.model_level and best != st.model_next:  # a new preference: confirm it next period
@@ -395,18 +442,20 @@ def update(state: AdmissionState | None, b: Backend, v: BackendView, now: float,
     else:
         st = replace(st, model_next=best, churn=churn)
     if st.probe:
-        if st.probe_left > 1:
+        # a probe lasts probe_periods, and longer (up to 4×) until it has counted as many
+        # steps as the window it is compared with needs (probe_min_steps)
+        short = st.win_steps < ac.probe_min_steps and st.probe_left > -3 * ac.probe_periods
+        if st.probe_left > 1 or short:
             st = replace(st, probe_left=st.probe_left - 1)
         else:
             st = _end_probe(st, ac)
     else:
         st = replace(st, since_probe=st.since_probe + 1)
-        st = _guard(st, ac, now, cfg.tick_seconds)
     target = min(max(st.model_level + st.bias, 0), ac.levels, st.ceiling)
     if st.probe == 0 and target != st.level:
         st = _set_level(st, target)
     elif st.probe == 0 and st.win_steps >= ac.probe_min_steps:
-        st = _maybe_probe(st, ac, v)
+        st = _maybe_probe(st, ac, v, choices)
     return _apply(st, choices)
 
 
@@ -431,13 +480,15 @@ def _choices(v: BackendView, lp: Loop, e: Engine | None, ac: AdmissionConfig, le
     w = per / v.active if v.active and per > 0 else max(lp.context, 1.0)
     base = max(v.fit_limit - v.shared, 0.0)
     k_fit = base / w
-    # the levels span what the programs there are need beyond what fits, up to max_overcommit
+    # the levels span what the programs there are need beyond what fits, up to max_overcommit,
+    # spaced geometrically: fine just above the watermarks, where a GPU's cliff is, coarse far
+    # above them
     need = max(0.0, float(v.supply) * w - base) if v.supply else ac.max_overcommit * v.pool
-    step = max(min(ac.max_overcommit * v.pool, need), w) / ac.levels
-    ns = [max(1.0, min(float(v.supply), (base + j * step) / w) if v.supply else (base + j * step) / w)
-          for j in range(ac.levels + 1)]
+    top = max(min(ac.max_overcommit * v.pool, need), w)
+    extras = [top * level_share(j, ac.levels) for j in range(ac.levels + 1)]
+    ns = [max(1.0, min(float(v.supply), (base + x) / w) if v.supply else (base + x) / w) for x in extras]
     if e is None:
-        return [(j * step, math.inf, ns[j], min(ns[j], k_fit), 0.0) for j in range(ac.levels + 1)], 0.0
+        return [(extras[j], math.inf, ns[j], min(ns[j], k_fit), 0.0) for j in range(ac.levels + 1)], 0.0
     n_cur = ns[min(level, ac.levels)]
     churn = 0.0
     if tokens_per_step > 0:
@@ -452,8 +503,18 @@ def _choices(v: BackendView, lp: Loop, e: Engine | None, ac: AdmissionConfig, le
             none = predict(n, 0.0, e, lp, c).rate
             if none > best[0] * (1.0 + ac.min_gain):
                 best = (none, v.shared, 0.0)
-        out.append((j * step, best[1], n, best[2], best[0]))
+        out.append((extras[j], best[1], n, best[2], best[0]))
     return out, churn
+
+
+LEVEL_GROWTH = 1.35
+"""Ratio of successive level steps: level j holds ``(g^j − 1)/(g^L − 1)`` of the span."""
+
+
+def level_share(j: int, levels: int) -> float:
+    """Share of the span above the watermarks that level ``j`` of ``levels`` admits."""
+    g = LEVEL_GROWTH
+    return (g ** j - 1.0) / (g ** levels - 1.0)
 
 
 def _best(choices: list[_Choice], min_gain: float, current: int) -> int:
@@ -472,68 +533,78 @@ def _best(choices: list[_Choice], min_gain: float, current: int) -> int:
     return 0
 
 
-def _noise(n1: int, n2: int, floor: float, sigmas: float) -> float:
-    """Relative difference two step counts must show to differ beyond their noise (``sigmas``
-    relative standard deviations of a difference of Poisson rates)."""
-    return max(floor, sigmas * math.sqrt(1.0 / max(n1, 1) + 1.0 / max(n2, 1)))
+def _beats(rate: float, steps: int, other: float, other_steps: int, floor: float, sigmas: float) -> bool:
+    """Whether ``rate`` (measured over ``steps`` steps) exceeds ``other`` beyond the noise:
+    their log ratio above ``sigmas`` standard deviations of a log ratio of Poisson counts,
+    ``√(1/n₁ + 1/n₂)``, and above ``log(1 + floor)``."""
+    if rate <= 0 or steps <= 0 or other_steps <= 0:
+        return False
+    if other <= 0:
+        return True
+    return math.log(rate / other) > max(math.log1p(floor), sigmas * math.sqrt(1.0 / steps + 1.0 / other_steps))
 
 
 def _set_level(st: AdmissionState, level: int) -> AdmissionState:
     if level == st.level:
         return st
-    return replace(st, level=level, win_steps=0, win_s=0.0, settle=True, changes=st.changes + 1, since_probe=0,
-                   wrong=0)
+    return replace(st, level=level, win_steps=0, win_s=0.0, settle=True, changes=st.changes + 1, since_probe=0)
 
 
-def _maybe_probe(st: AdmissionState, ac: AdmissionConfig, v: BackendView) -> AdmissionState:
+def _maybe_probe(st: AdmissionState, ac: AdmissionConfig, v: BackendView, choices: list[_Choice]) -> AdmissionState:
     """Every ``probe_every_periods`` (times the direction's back-off) move one level up or
-    down (alternating) to measure it against the window so far."""
+    down (alternating) to measure it against the window so far; every other probe down from
+    above level 1 is a reference probe, straight to level 0. Up only where there is more
+    to admit and the model does not predict a loss beyond ``probe_window`` there: a probe up
+    costs the recompute of the programs it admits and then pauses, so where the model is sure
+    (a GPU: prefill dear, decode batching for free) it is not paid."""
     for d in (st.next_probe, -st.next_probe):
         wait = ac.probe_every_periods * (st.up_wait if d > 0 else st.down_wait)
         ok = 0 <= st.level + d <= ac.levels and st.since_probe >= wait
-        if d > 0 and v.supply <= v.active:
-            ok = False  # nothing more to admit
+        if d > 0 and ok and (v.supply <= v.active or
+                             choices[st.level + d][4] < (1.0 - ac.probe_window) * choices[st.level][4]):
+            ok = False
         if ok:
-            st = replace(st, base_rate=st.measured, base_steps=st.win_steps, probe=d,
-                         probe_left=ac.probe_periods + 1, next_probe=-d, probes=st.probes + 1)
-            st = _set_level(st, st.level + d)
+            reference = d < 0 and st.next_reference and st.level > 1
+            to = 0 if reference else _probe_level(st.level, d, choices, ac)
+            st = replace(st, base_rate=st.measured, base_steps=st.win_steps, probe=d, reference=reference,
+                         probe_left=ac.probe_periods + 1, next_probe=-d, probes=st.probes + 1,
+                         next_reference=(not st.next_reference) if d < 0 else st.next_reference)
+            st = _set_level(st, to)
             return replace(st, probe=d, probe_left=ac.probe_periods + 1)
     return st
+
+
+def _probe_level(level: int, d: int, choices: list[_Choice], ac: AdmissionConfig) -> int:
+    """The nearest level the ``d`` way whose program count differs measurably: by at least
+    one program and ``probe_step`` of the current count (the lowest levels are finer)."""
+    n0 = choices[level][2]
+    j = level + d
+    while 0 < j < ac.levels and abs(choices[j][2] - n0) < max(1.0, ac.probe_step * n0):
+        j += d
+    return j
 
 
 def _end_probe(st: AdmissionState, ac: AdmissionConfig) -> AdmissionState:
     """Compare the probe's window with the one before it: the bias moves one level the
     probe's way when it wins by more than the noise; a lost probe doubles the wait before the
     next in its direction (up to 8 times)."""
-    won = st.win_steps > 0 and st.base_steps > 0 and st.base_rate > 0 and \
-        st.measured > st.base_rate * (1.0 + _noise(st.base_steps, st.win_steps, ac.probe_margin, ac.probe_sigmas))
+    won = st.base_rate > 0 and _beats(st.measured, st.win_steps, st.base_rate, st.base_steps, ac.probe_margin,
+                                      ac.probe_sigmas)
     d = st.probe
-    if won:
+    if won and st.reference:  # the fixed watermarks beat the level the model chose: fall back
+        st = replace(st, bias=0, ceiling=0, fallbacks=st.fallbacks + 1, probes_won=st.probes_won + 1,
+                     up_wait=min(MAX_BACKOFF, st.up_wait * 2))
+    elif won:
         st = replace(st, bias=min(max(st.bias + d, -ac.max_bias), ac.max_bias), probes_won=st.probes_won + 1)
         if d > 0 and st.level > st.ceiling:
             st = replace(st, ceiling=st.level)
         st = replace(st, up_wait=1) if d > 0 else replace(st, down_wait=1)
     else:
-        st = replace(st, up_wait=min(8, st.up_wait * 2)) if d > 0 else replace(st, down_wait=min(8, st.down_wait * 2))
-    if st.level == 0:
-        st = replace(st, fixed_rate=st.measured, fixed_steps=st.win_steps) if st.win_steps >= ac.probe_min_steps else st
-    return replace(st, probe=0, probe_left=0)
-
-
-def _guard(st: AdmissionState, ac: AdmissionConfig, now: float, tick: float) -> AdmissionState:
-    """Above level 0, a window measured below the fixed watermarks' recent rate by more than
-    the noise for ``fallback_periods`` periods in a row means the predicted gain is not there:
-    back to level 0 (and the next probe up waits twice as long)."""
-    recent = st.fixed_steps > 0 and now - st.fixed_at <= 16 * ac.probe_every_periods * tick
-    if st.level == 0 or st.win_steps < ac.probe_min_steps or not recent:
-        return replace(st, wrong=0) if st.wrong else st
-    if st.measured < st.fixed_rate * (1.0 - _noise(st.fixed_steps, st.win_steps, ac.probe_margin, ac.probe_sigmas)):
-        wrong = st.wrong + 1
-        if wrong >= ac.fallback_periods:
-            return replace(st, wrong=0, bias=max(-st.model_level, -ac.max_bias), ceiling=0, fallbacks=st.fallbacks + 1,
-                           up_wait=min(8, st.up_wait * 2))
-        return replace(st, wrong=wrong)
-    return replace(st, wrong=0)
+        st = replace(st, up_wait=min(MAX_BACKOFF, st.up_wait * 2)) if d > 0 else \
+            replace(st, down_wait=min(MAX_BACKOFF, st.down_wait * 2))
+    if st.level == 0 and st.win_steps >= ac.probe_min_steps:
+        st = replace(st, fixed_rate=st.measured, fixed_steps=st.win_steps)
+    return replace(st, probe=0, probe_left=0, reference=False)
 
 
 def _apply(st: AdmissionState, choices: list[_Choice]) -> AdmissionState:
