@@ -96,6 +96,12 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sample-every", type=float, default=d.sample_every_s, help="per-node memory sampling, simulated seconds")
     p.add_argument("--router-arg", action="append", default=[], metavar="ROUTER=ARGS",
                    help="http mode: extra arguments of one router, e.g. thunder='--thunder-lambda-max 0.9' (repeatable)")
+    g = p.add_argument_group("grid (bench/grid.py: one sweep per cell of context share x tool time x output x N)")
+    g.add_argument("--grid", nargs="?", const="default", default=None, metavar="CELLS",
+                   help="run the workload grid instead of --profile/--programs: all cells in des/http mode, the 12 "
+                        "real cells in real mode, or 'all', 'real', or cell names separated by commas "
+                        "(ctx20-tool2-out16-x6)")
+    g.add_argument("--repeats", type=int, default=2, help="grid: runs of each cell (seeds seed, seed+1, ...)")
     p.add_argument("--report-only", metavar="DIR", type=Path, default=None,
                    help="rebuild results.csv/.md and the plots of DIR from its results.json, run nothing")
     r = p.add_argument_group("rollout (RL: tasks x samples in groups, weight updates on a timer; bench/rollout.py)")
@@ -150,10 +156,38 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
     except ValueError as e:
         print(f"thunder-sgl bench: {e}", file=sys.stderr)
         return 2
-    results = run_bench(spec, command=" ".join(["thunder-sgl", "bench", *map(shlex.quote, argv)]))
+    command = " ".join(["thunder-sgl", "bench", *map(shlex.quote, argv)])
+    if args.grid is not None:
+        return _grid(args, spec, command)
+    results = run_bench(spec, command=command)
     failed = [r for r in results if r.errors.get(FAILED)]
     print(f"results: {spec.results_dir}/results.md ({len(results) - len(failed)} runs ok, {len(failed)} failed)")
     return 1 if failed and len(failed) == len(results) else 0
+
+
+def _grid(args: argparse.Namespace, spec: Any, command: str) -> int:
+    import dataclasses
+
+    from thunder_sgl.bench import grid
+    from thunder_sgl.bench.harness import run_bench
+    from thunder_sgl.sim.config import load_sim_config
+
+    try:
+        which = args.grid if args.grid != "default" else ("real" if args.mode == "real" else "all")
+        cells = grid.parse_cells(which)
+        if args.repeats < 1:
+            raise ValueError("--repeats must be >= 1")
+    except ValueError as e:
+        print(f"thunder-sgl bench: {e}", file=sys.stderr)
+        return 2
+    if not args.routers:
+        spec = dataclasses.replace(spec, routers=grid.GRID_ROUTERS)
+    if not args.name:
+        spec = dataclasses.replace(spec, name=f"grid-{spec.cluster_name}-{spec.nodes}n-{spec.mode}")
+    pool = spec.max_total_tokens if args.mode == "real" else load_sim_config(spec.cluster).server.max_total_num_tokens
+    root = grid.run_grid(spec, cells, args.repeats, pool, lambda s, c: run_bench(s, command=c), command)
+    print(f"grid: {root}/grid.md")
+    return 0
 
 
 # ---------------------------------------------------------------- demo

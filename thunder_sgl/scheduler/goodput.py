@@ -51,9 +51,11 @@ best wins. Leaving level 0, or the model's current choice, needs a predicted gai
 
 **4. The guard: measurement.** Goodput is measured per level over a window of whole periods
 (the period after a change is skipped: transient). Every ``probe_every_periods`` the level
-moves up or down (alternating) to the nearest level that runs measurably more or fewer
-programs (``probe_step`` of them, at least one) for ``probe_periods`` — longer, up to 4×, until
-it has counted ``probe_min_steps`` steps. If the probe's measured
+moves up or down (alternating) for ``probe_periods`` — longer, up to 4×, until it has counted
+``probe_min_steps`` steps — to the nearest level whose change of programs its window can
+measure: in a closed loop steps/s cannot grow faster than the programs that run, so a probe
+smaller than the noise could never win and is not made (on a GPU, where a window of a few
+seconds cannot see a few percent, probes are rare; on a small engine they are large). If the probe's measured
 rate beats the window before it by more than the noise — a log ratio above
 ``max(log(1 + probe_margin), σ·√(1/n₁ + 1/n₂))`` for n₁, n₂ steps counted and σ =
 ``probe_sigmas``, so a decision needs evidence (hysteresis) — the bias moves one level that
@@ -63,8 +65,10 @@ straight to level 0, the fixed watermarks, measured beside the window just befor
 load that changes over time does not fool the comparison); when the watermarks win — the
 predicted gain is not there — the choice falls back to level 0 and is capped there; each
 probe up that wins from the cap raises it one level. A probe that loses doubles the wait before the next one in its direction (up to
-16×), and no probe goes up where the model predicts a loss beyond ``probe_window``, so an
-engine where the watermarks are right spends little time probing.
+16×). Probes up (``probe_up``, off by default) test levels above the model's choice; they cost
+the recompute of what they admit and then pause, which on a GPU outweighs what a window of
+seconds can find, so by default the model's choice is only ever tested downwards — at the
+watermarks nothing is probed.
 
 On an engine whose batch gains nothing (``d0 = 0``, ``a = 0``) and that the programs that fit
 already keep busy, more programs only add
@@ -148,7 +152,10 @@ class PrefillFit:
                 else per_token
         else:
             fallback = per_token
-        if det <= 0.05 * self.s11 * self.s22:  # correlation above ~0.97
+        # The sums are not centred (no intercept): 1 − det/(s11·s22) is the squared cosine of
+        # the steps and tokens vectors, near 1 whenever tokens per step vary little; below
+        # 1 − 0.01 the per-step and per-token parts are told apart.
+        if det <= 0.01 * self.s11 * self.s22:
             return fallback
         a = (self.s22 * self.s1y - self.s12 * self.s2y) / det
         b = (self.s11 * self.s2y - self.s12 * self.s1y) / det
@@ -455,7 +462,7 @@ def update(state: AdmissionState | None, b: Backend, v: BackendView, now: float,
     if st.probe == 0 and target != st.level:
         st = _set_level(st, target)
     elif st.probe == 0 and st.win_steps >= ac.probe_min_steps:
-        st = _maybe_probe(st, ac, v, choices)
+        st = _maybe_probe(st, ac, v, choices, cfg.tick_seconds)
     return _apply(st, choices)
 
 
@@ -550,38 +557,60 @@ def _set_level(st: AdmissionState, level: int) -> AdmissionState:
     return replace(st, level=level, win_steps=0, win_s=0.0, settle=True, changes=st.changes + 1, since_probe=0)
 
 
-def _maybe_probe(st: AdmissionState, ac: AdmissionConfig, v: BackendView, choices: list[_Choice]) -> AdmissionState:
-    """Every ``probe_every_periods`` (times the direction's back-off) move one level up or
-    down (alternating) to measure it against the window so far; every other probe down from
-    above level 1 is a reference probe, straight to level 0. Up only where there is more
-    to admit and the model does not predict a loss beyond ``probe_window`` there: a probe up
-    costs the recompute of the programs it admits and then pauses, so where the model is sure
-    (a GPU: prefill dear, decode batching for free) it is not paid."""
+def _maybe_probe(st: AdmissionState, ac: AdmissionConfig, v: BackendView, choices: list[_Choice],
+                 tick: float) -> AdmissionState:
+    """Every ``probe_every_periods`` (times the direction's back-off) move up or down
+    (alternating) to measure a level against the window so far; every other probe down from
+    above level 1 is a reference probe, straight to level 0.
+
+    A probe goes only as far as it can be measured: in a closed loop the steps/s cannot grow
+    faster than the programs run, so a probe whose change of programs, ``log(n'/n)``, is below
+    what its window can tell from noise (``_detectable``) could never win and is not made —
+    the nearest level far enough is probed instead, or none. Up only with ``probe_up``, where
+    there is more to admit and the model predicts a gain of ``min_gain`` there (kept below it
+    by its hysteresis): a probe up costs the recompute of what it admits and of the programs
+    paused when it ends — in the DES of 2 GLM nodes, 4% of a 25-minute run for a handful of
+    probes that a window of seconds could not have won — so it is off by default. Probes down
+    and reference probes guard the side where a wrong model hurts: admitting too much."""
+    need = _detectable(st.measured, st.win_steps, ac, tick)
     for d in (st.next_probe, -st.next_probe):
         wait = ac.probe_every_periods * (st.up_wait if d > 0 else st.down_wait)
-        ok = 0 <= st.level + d <= ac.levels and st.since_probe >= wait
-        if d > 0 and ok and (v.supply <= v.active or
-                             choices[st.level + d][4] < (1.0 - ac.probe_window) * choices[st.level][4]):
-            ok = False
-        if ok:
-            reference = d < 0 and st.next_reference and st.level > 1
-            to = 0 if reference else _probe_level(st.level, d, choices, ac)
-            st = replace(st, base_rate=st.measured, base_steps=st.win_steps, probe=d, reference=reference,
-                         probe_left=ac.probe_periods + 1, next_probe=-d, probes=st.probes + 1,
-                         next_reference=(not st.next_reference) if d < 0 else st.next_reference)
-            st = _set_level(st, to)
-            return replace(st, probe=d, probe_left=ac.probe_periods + 1)
+        if not (0 <= st.level + d <= ac.levels and st.since_probe >= wait):
+            continue
+        if d > 0 and (not ac.probe_up or v.supply <= v.active):
+            continue  # probes up are off, or there is nothing more to admit
+        reference = d < 0 and st.next_reference and st.level > 1
+        to = 0 if reference else _probe_level(st.level, d, choices, need)
+        if to is None or abs(math.log(max(choices[to][2], 1.0) / max(choices[st.level][2], 1.0))) < need:
+            continue
+        if d > 0 and choices[to][4] < (1.0 + ac.min_gain) * choices[st.level][4]:
+            continue
+        st = replace(st, base_rate=st.measured, base_steps=st.win_steps, reference=reference,
+                     next_probe=-d, probes=st.probes + 1,
+                     next_reference=(not st.next_reference) if d < 0 else st.next_reference)
+        st = _set_level(st, to)
+        return replace(st, probe=d, probe_left=ac.probe_periods + 1)
     return st
 
 
-def _probe_level(level: int, d: int, choices: list[_Choice], ac: AdmissionConfig) -> int:
-    """The nearest level the ``d`` way whose program count differs measurably: by at least
-    one program and ``probe_step`` of the current count (the lowest levels are finer)."""
-    n0 = choices[level][2]
+def _detectable(rate: float, steps: int, ac: AdmissionConfig, tick: float) -> float:
+    """The smallest log ratio of rates a probe can tell from noise: ``probe_sigmas`` standard
+    deviations of a log ratio of Poisson counts, the window so far against a probe window of
+    ``probe_periods`` at about the same rate (and at least ``log(1 + probe_margin)``)."""
+    expected = max(rate * ac.probe_periods * tick, ac.probe_min_steps)
+    return max(math.log1p(ac.probe_margin), ac.probe_sigmas * math.sqrt(1.0 / max(steps, 1) + 1.0 / expected))
+
+
+def _probe_level(level: int, d: int, choices: list[_Choice], need: float) -> int | None:
+    """The nearest level the ``d`` way whose program count differs from the current one by a
+    log ratio of at least ``need``; None when none does."""
+    n0 = max(choices[level][2], 1.0)
     j = level + d
-    while 0 < j < ac.levels and abs(choices[j][2] - n0) < max(1.0, ac.probe_step * n0):
+    while 0 <= j < len(choices):
+        if abs(math.log(max(choices[j][2], 1.0) / n0)) >= need:
+            return j
         j += d
-    return j
+    return None
 
 
 def _end_probe(st: AdmissionState, ac: AdmissionConfig) -> AdmissionState:
