@@ -68,6 +68,10 @@ class AdmissionConfig:
     probe_sigmas: float = 1.5
     """goodput: standard deviations of the step counts' noise a probe must win by."""
 
+    reference_probes: bool = False
+    """goodput: every other probe down goes straight to the watermarks, and when they win the
+    level falls back there. Off by default: from a high level it pauses most programs at once."""
+
     probe_up: bool = False
     """goodput: also probe levels above the model's choice (where it predicts ``min_gain``).
     Off by default: a probe up costs the recompute of what it admits and then pauses (4% of a

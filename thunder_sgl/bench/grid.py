@@ -233,3 +233,50 @@ def write_grid(root: Path, rows: list[dict[str, Any]], base: Any) -> None:
     (root / "grid.json").write_text(json.dumps({"rows": rows, "summary": summary}, indent=1, default=str))
     keys = ["cell", "programs", "repeat", "router", "steps_per_min", "kv_hit_rate", "failed", "admission"]
     (root / "grid.csv").write_text("\n".join([",".join(keys)] + [",".join(str(r[k]) for k in keys) for r in rows]) + "\n")
+
+
+def merge(parts: list[Path], out: Path, title: str) -> Path:
+    """One grid from several (cells split across processes): rows concatenated, table rewritten."""
+    rows: list[dict[str, Any]] = []
+    for p in parts:
+        rows += json.loads((p / "grid.json").read_text())["rows"]
+    out.mkdir(parents=True, exist_ok=True)
+    base = _Title(title)
+    write_grid(out, rows, base)
+    return out / "grid.md"
+
+
+@dataclass(frozen=True)
+class _Title:
+    """What ``write_grid`` reads of a spec, for a merged grid."""
+
+    text: str
+
+    @property
+    def mode(self) -> str:
+        return self.text.split(",")[0]
+
+    @property
+    def nodes(self) -> str:
+        return self.text.split(",")[1]
+
+    @property
+    def cluster_name(self) -> str:
+        return self.text.split(",")[2]
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m thunder_sgl.bench.grid",
+                                 description="merge grids run as several processes into one grid.md")
+    ap.add_argument("parts", nargs="+", type=Path, help="grid directories (each with grid.json)")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--title", default="des,1,sglang-cpu-gpt2-small-t1", help="mode,nodes,cluster of the table's title")
+    args = ap.parse_args(argv)
+    print(merge(args.parts, args.out, args.title))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

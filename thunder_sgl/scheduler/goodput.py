@@ -60,11 +60,13 @@ rate beats the window before it by more than the noise — a log ratio above
 ``max(log(1 + probe_margin), σ·√(1/n₁ + 1/n₂))`` for n₁, n₂ steps counted and σ =
 ``probe_sigmas``, so a decision needs evidence (hysteresis) — the bias moves one level that
 way, bounded by ``±max_bias``; otherwise the level returns. A prediction that is wrong is
-corrected by the bias. Every other probe down from above level 1 is a *reference* probe:
-straight to level 0, the fixed watermarks, measured beside the window just before it (so a
-load that changes over time does not fool the comparison); when the watermarks win — the
-predicted gain is not there — the choice falls back to level 0 and is capped there; each
-probe up that wins from the cap raises it one level. A probe that loses doubles the wait before the next one in its direction (up to
+corrected by the bias: probes down that win walk it down one measurable step at a time. With
+``reference_probes`` every other probe down from above level 1 goes straight to level 0, the
+fixed watermarks, measured beside the window just before it; when the watermarks win — the
+predicted gain is not there — the choice falls back to level 0 and is capped there (each probe
+up that wins from the cap raises it one level). Off by default: from a high level such a probe
+pauses most programs at once (52 of 60 in the DES grid cell ctx10-tool8-out16-x6), and their
+restores cost more than the check is worth. A probe that loses doubles the wait before the next one in its direction (up to
 16×). Probes up (``probe_up``, off by default) test levels above the model's choice; they cost
 the recompute of what they admit and then pause, which on a GPU outweighs what a window of
 seconds can find, so by default the model's choice is only ever tested downwards — at the
@@ -302,6 +304,8 @@ class AdmissionState:
     bias: int = 0
     """Levels that measurement moved the choice away from the model's (bounded by ``max_bias``)."""
     ceiling: int = 1 << 30
+    ceiling_at: float = 0.0
+    """When the cap was set (it expires after ``MAX_BACKOFF × probe_every_periods`` periods)."""
     """Highest level allowed: set to 0 by a fallback, raised one level by each probe up that
     wins from it."""
     predicted: float = 0.0
@@ -455,9 +459,11 @@ def update(state: AdmissionState | None, b: Backend, v: BackendView, now: float,
         if st.probe_left > 1 or short:
             st = replace(st, probe_left=st.probe_left - 1)
         else:
-            st = _end_probe(st, ac)
+            st = _end_probe(st, ac, now)
     else:
         st = replace(st, since_probe=st.since_probe + 1)
+    if st.ceiling < 1 << 30 and now - st.ceiling_at > MAX_BACKOFF * ac.probe_every_periods * cfg.tick_seconds:
+        st = replace(st, ceiling=1 << 30)
     target = min(max(st.model_level + st.bias, 0), ac.levels, st.ceiling)
     if st.probe == 0 and target != st.level:
         st = _set_level(st, target)
@@ -493,6 +499,10 @@ def _choices(v: BackendView, lp: Loop, e: Engine | None, ac: AdmissionConfig, le
     need = max(0.0, float(v.supply) * w - base) if v.supply else ac.max_overcommit * v.pool
     top = max(min(ac.max_overcommit * v.pool, need), w)
     extras = [top * level_share(j, ac.levels) for j in range(ac.levels + 1)]
+    # the top level admits everything there is with room to spare (demand swings as acting
+    # programs' weights decay and come back): up to max_overcommit, so at the top nothing is
+    # paused for lack of room — request-level service, with the references that pay
+    extras[-1] = max(extras[-1], min(ac.max_overcommit * v.pool, 2.0 * top))
     ns = [max(1.0, min(float(v.supply), (base + x) / w) if v.supply else (base + x) / w) for x in extras]
     if e is None:
         return [(extras[j], math.inf, ns[j], min(ns[j], k_fit), 0.0) for j in range(ac.levels + 1)], 0.0
@@ -561,7 +571,7 @@ def _maybe_probe(st: AdmissionState, ac: AdmissionConfig, v: BackendView, choice
                  tick: float) -> AdmissionState:
     """Every ``probe_every_periods`` (times the direction's back-off) move up or down
     (alternating) to measure a level against the window so far; every other probe down from
-    above level 1 is a reference probe, straight to level 0.
+    above level 1 is a reference probe, straight to level 0 (with ``reference_probes``).
 
     A probe goes only as far as it can be measured: in a closed loop the steps/s cannot grow
     faster than the programs run, so a probe whose change of programs, ``log(n'/n)``, is below
@@ -579,7 +589,7 @@ def _maybe_probe(st: AdmissionState, ac: AdmissionConfig, v: BackendView, choice
             continue
         if d > 0 and (not ac.probe_up or v.supply <= v.active):
             continue  # probes up are off, or there is nothing more to admit
-        reference = d < 0 and st.next_reference and st.level > 1
+        reference = ac.reference_probes and d < 0 and st.next_reference and st.level > 1
         to = 0 if reference else _probe_level(st.level, d, choices, need)
         if to is None or abs(math.log(max(choices[to][2], 1.0) / max(choices[st.level][2], 1.0))) < need:
             continue
@@ -613,16 +623,21 @@ def _probe_level(level: int, d: int, choices: list[_Choice], need: float) -> int
     return None
 
 
-def _end_probe(st: AdmissionState, ac: AdmissionConfig) -> AdmissionState:
+def _end_probe(st: AdmissionState, ac: AdmissionConfig, now: float) -> AdmissionState:
     """Compare the probe's window with the one before it: the bias moves one level the
-    probe's way when it wins by more than the noise; a lost probe doubles the wait before the
-    next in its direction (up to 8 times)."""
+    probe's way when it wins by more than the noise; a probe down that wins with the bias
+    already at ``−max_bias`` caps the level at the probe's (a fallback: the model is wrong by
+    more than the bias may correct; the cap expires after ``MAX_BACKOFF`` probe cycles); a
+    lost probe doubles the wait before the next in its direction (up to ``MAX_BACKOFF``)."""
     won = st.base_rate > 0 and _beats(st.measured, st.win_steps, st.base_rate, st.base_steps, ac.probe_margin,
                                       ac.probe_sigmas)
     d = st.probe
     if won and st.reference:  # the fixed watermarks beat the level the model chose: fall back
-        st = replace(st, bias=0, ceiling=0, fallbacks=st.fallbacks + 1, probes_won=st.probes_won + 1,
+        st = replace(st, bias=0, ceiling=0, ceiling_at=now, fallbacks=st.fallbacks + 1, probes_won=st.probes_won + 1,
                      up_wait=min(MAX_BACKOFF, st.up_wait * 2))
+    elif won and d < 0 and st.bias <= -ac.max_bias:
+        st = replace(st, ceiling=st.level, ceiling_at=now, fallbacks=st.fallbacks + 1, probes_won=st.probes_won + 1,
+                     down_wait=1, up_wait=min(MAX_BACKOFF, st.up_wait * 2))
     elif won:
         st = replace(st, bias=min(max(st.bias + d, -ac.max_bias), ac.max_bias), probes_won=st.probes_won + 1)
         if d > 0 and st.level > st.ceiling:
