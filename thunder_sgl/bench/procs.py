@@ -69,8 +69,9 @@ class Proc:
 
     def kill(self) -> None:
         """SIGKILL, no grace (a crash)."""
-        _signal_group(self.popen.pid, signal.SIGKILL)
-        self.popen.wait(10)
+        if self.popen.returncode is None:
+            _signal_group(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(10)
         _STARTED.pop(self.popen.pid, None)
 
 
@@ -91,6 +92,9 @@ def _signal_group(pid: int, sig: int) -> bool:
 
 
 def _stop_group(p: subprocess.Popen[bytes], timeout: float) -> None:
+    if p.returncode is not None:  # reaped before: its pid may be another process's by now
+        _STARTED.pop(p.pid, None)
+        return
     try:
         for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
             if p.poll() is not None:
@@ -102,8 +106,8 @@ def _stop_group(p: subprocess.Popen[bytes], timeout: float) -> None:
                 break
             except subprocess.TimeoutExpired:
                 continue
-        # the leader is gone (reaped just now: its pid cannot be reused yet while its group
-        # lives); a child of it that ignored SIGTERM or was started after it is not
+        # the leader is gone, reaped just now (its pid stays reserved while its group lives);
+        # a child of it that ignored SIGTERM may not be
         _signal_group(p.pid, signal.SIGKILL)
     finally:
         if p.returncode is not None:
@@ -134,6 +138,7 @@ def stop_all(grace_s: float = 5.0) -> None:
 
 
 atexit.register(stop_all)
+
 
 @contextlib.contextmanager
 def stop_children_on_signals(grace_s: float = 5.0, exit_after_s: float = 30.0) -> Iterator[None]:
