@@ -176,7 +176,7 @@ def admission_of(notes: str) -> str:
     """The admission summary a thunder run's notes carry (``admission=…``), or ''."""
     for part in notes.split():
         if part.startswith("admission="):
-            return part.split("=", 1)[1]
+            return part.split("=", 1)[1].rstrip(";,")
     return ""
 
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import aiohttp
 import psutil
 
+from thunder_sgl.backends.parse import parse_prometheus
 from thunder_sgl.bench.driver import run_workload
 from thunder_sgl.bench.harness_measures import (
     Histogram,
@@ -49,6 +50,8 @@ from thunder_sgl.bench.results import DIRECT, RunResult
 from thunder_sgl.bench.sampler import NodeSampler, clean_cluster, loads, scrape
 from thunder_sgl.bench.stats import WorkloadResult
 from thunder_sgl.bench.workload import WorkloadProfile
+from thunder_sgl.gateway.metrics import ADMISSION_GAUGES
+from thunder_sgl.scheduler.goodput import summarize as summarize_admission
 
 if TYPE_CHECKING:
     from thunder_sgl.bench.harness_progress import Progress
@@ -68,6 +71,8 @@ RouterStarter = Callable[[list[str], float, Path, list[str]], Proc | None]
 ROUTER_STARTERS: dict[str, RouterStarter] = {
     "thunder": lambda urls, scale, logs, extra: start_thunder(
         urls, scale, "tier-aware", extra=extra, log_dir=logs),
+    "thunder-occupancy": lambda urls, scale, logs, extra: start_thunder(
+        urls, scale, "occupancy", extra=extra, log_dir=logs, name="thunder-occupancy"),
     "thunder-fixed": lambda urls, scale, logs, extra: start_thunder(
         urls, scale, "fixed", extra=extra, log_dir=logs, name="thunder-fixed"),
     "thunder-paper": lambda urls, scale, logs, extra: start_thunder(
@@ -300,6 +305,17 @@ async def _measure(workers: Workers, router: Proc | None, plan: RunPlan, progres
     return work, warm, end, sampler.samples, lags
 
 
+def _admission(text: str) -> str:
+    """The goodput rule's state at the end of a run, from the router's ``thunder_admission_*``
+    gauges (one token for the notes: ``goodput.summarize``)."""
+    samples = parse_prometheus(text)
+    views: dict[str, dict[str, object]] = {}
+    for name, _ in ADMISSION_GAUGES:
+        for labels, value in samples.get(f"thunder_admission_{name}", []):
+            views.setdefault(labels.get("backend", ""), {"rule": "goodput"})[name] = value
+    return summarize_admission(list(views.values()))
+
+
 def _fill(r: RunResult, plan: RunPlan, work: WorkloadResult, warm: _Scrape, end: _Scrape,
           samples: list[tuple[float, list[float]]], lags: list[float]) -> dict[str, Any]:
     s = work.summary()
@@ -328,6 +344,9 @@ def _fill(r: RunResult, plan: RunPlan, work: WorkloadResult, warm: _Scrape, end:
         counts = {k: parse_counter(end.router, f"thunder_{k}") - parse_counter(warm.router, f"thunder_{k}")
                   for k in ("pauses", "restores", "migrations", "held")}
         notes.append(", ".join(f"{k} {v:.0f}" for k, v in counts.items()))
+        adm = _admission(end.router)
+        if adm:
+            notes.append(f"admission={adm}")
     if eb["prefill_s"] or eb["decode_s"]:
         it = eb["decode_iterations"]
         notes.append(f"engines: prefill {eb['prefill_s']:.1f} s for {eb['prefill_tokens'] / 1e3:.0f} K tokens, decode "

@@ -34,6 +34,7 @@ ADMISSION_GAUGES = (
     ("measured_steps_per_s", "Steps/s measured at the chosen level (current window)"),
     ("fixed_measured_steps_per_s", "Steps/s last measured at the fixed watermarks"),
     ("probes", "Admission probes started"),
+    ("probes_won", "Admission probes whose level measured better"),
     ("fallbacks", "Falls back to the fixed watermarks after a measured loss"),
 )
 """The admission rule's state per backend, as gauges (``scheduler.goodput.AdmissionState.view``)."""
