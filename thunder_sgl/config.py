@@ -478,16 +478,17 @@ class RouterConfig:
         return dataclasses.replace(self, time_scale=self.time_scale * time_scale, **parts)
 
     def with_overrides(self, dotted: dict[str, Any]) -> RouterConfig:
-        """Apply ``{"scheduler.tick_seconds": 2.0, ...}`` overrides, validating each."""
+        """Apply ``{"scheduler.tick_seconds": 2.0, "scheduler.admission.mode": "fixed", ...}``
+        overrides (any depth), validating each."""
         tree = to_dict(self)
         for key, value in dotted.items():
-            section, _, name = key.partition(".")
-            if not name:
-                tree[section] = value
-                continue
-            if section not in tree or not isinstance(tree[section], dict):
-                raise ConfigError(f"unknown config section {section!r} in override {key!r}")
-            tree[section][name] = value
+            *path, name = key.split(".")
+            node = tree
+            for part in path:
+                if not isinstance(node.get(part), dict):
+                    raise ConfigError(f"unknown config section {part!r} in override {key!r}")
+                node = node[part]
+            node[name] = value
         return from_dict(RouterConfig, tree)
 
 

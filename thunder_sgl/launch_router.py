@@ -43,6 +43,9 @@ def add_thunder_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--thunder-tick-seconds", type=float, default=None, help="override scheduler.tick_seconds (Δt)")
     g.add_argument("--thunder-decay-base", type=float, default=None, help="override scheduler.decay_base (x in f(k)=x^-k)")
     g.add_argument("--thunder-lambda-max", type=float, default=None, help="override scheduler.lambda_max")
+    g.add_argument("--thunder-admission", default=None, choices=["goodput", "occupancy", "fixed"],
+                   help="override scheduler.admission.mode: goodput (default: the level with the best predicted and "
+                        "measured steps/s), occupancy (the previous rule), fixed (the watermarks only)")
     g.add_argument("--thunder-lambda-min", type=float, default=None, help="override scheduler.lambda_min")
     g.add_argument("--thunder-idle-timeout-secs", type=float, default=None, help="override programs.idle_timeout_seconds")
     g.add_argument("--thunder-group-id-pattern", default=None,
@@ -129,6 +132,7 @@ def serve(args: argparse.Namespace, argv: Sequence[str]) -> None:
         "scheduler.decay_base": args.thunder_decay_base,
         "scheduler.lambda_max": args.thunder_lambda_max,
         "scheduler.lambda_min": args.thunder_lambda_min,
+        "scheduler.admission.mode": args.thunder_admission,
         "programs.idle_timeout_seconds": args.thunder_idle_timeout_secs,
         "programs.group_id_pattern": args.thunder_group_id_pattern,
         "sandboxes.provider": args.thunder_sandbox_provider,

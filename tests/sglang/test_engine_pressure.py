@@ -44,9 +44,11 @@ async def agent(client: AsyncOpenAI, h: httpx.AsyncClient, url: str, pid: str, s
 def test_more_programs_than_the_pool_holds_pause_hold_restore_and_all_complete(start_cluster, routers):
     """8 programs growing to ~1.9 K tokens each (≈ 15 K together) on a 6 K-token pool: at most
     ~3 run at once, so acting programs are paused and their next requests held, then restored;
-    every step of every program completes."""
+    every step of every program completes. The admission is held at the watermarks: on this
+    engine the goodput rule may admit past them (recompute is cheap here) and pause nothing,
+    and what this test checks is the pause, hold and restore machinery."""
     engine = start_cluster(1, max_total_tokens=6144)
-    thunder = routers("thunder", engine.urls)
+    thunder = routers("thunder", engine.urls, extra=["--thunder-admission", "fixed"])
 
     async def main() -> list[int]:
         async with AsyncOpenAI(base_url=thunder.url + "/v1", api_key="none", max_retries=0, timeout=600) as client, \
