@@ -72,11 +72,16 @@ class AdmissionConfig:
     """goodput: every other probe down goes straight to the watermarks, and when they win the
     level falls back there. Off by default: from a high level it pauses most programs at once."""
 
-    probe_up: bool = False
-    """goodput: also probe levels above the model's choice (where it predicts ``min_gain``).
-    Off by default: a probe up costs the recompute of what it admits and then pauses (4% of a
-    25-minute DES run on 2 GLM nodes) and its window of seconds cannot see small gains; probes
-    down and reference probes to the watermarks stay on."""
+    probe_up: str = "idle"
+    """goodput: probes of levels above the model's choice. ``idle`` (default): only while the
+    engine is busy less than ``probe_up_busy`` of the time — a probe up costs the recompute
+    of what it admits and then pauses (4% of a 25-minute DES run on 2 saturated GLM nodes) and
+    can only pay where the engine has idle time to fill; ``on``: where the model predicts
+    ``min_gain`` there; ``off``: never. Probes down stay on."""
+
+    probe_up_busy: float = 0.9
+    """goodput: the engine's busy share (prefill and decode iterations, from its counters)
+    below which ``probe_up: idle`` probes up."""
 
     max_bias: int = 4
     """goodput: most levels that measurement may move the choice away from the model's."""
@@ -115,6 +120,8 @@ class AdmissionConfig:
         _check(self.probe_min_steps >= 1, "scheduler.admission.probe_min_steps must be >= 1")
         _check(0 <= self.probe_margin < 1, "scheduler.admission.probe_margin must be in [0, 1)")
         _check(0 < self.probe_sigmas <= 6, "scheduler.admission.probe_sigmas must be in (0, 6]")
+        _check(self.probe_up in ("idle", "on", "off"), "scheduler.admission.probe_up must be idle, on or off")
+        _check(0 < self.probe_up_busy <= 1, "scheduler.admission.probe_up_busy must be in (0, 1]")
         _check(0 <= self.max_bias <= self.levels, "scheduler.admission.max_bias must be in [0, levels]")
         _check(0 < self.occupancy_target < 1, "scheduler.admission.occupancy_target must be in (0, 1)")
         _check(0 < self.gain <= 4 and 0 < self.decrease <= 1, "scheduler.admission: gain in (0, 4], decrease in (0, 1]")

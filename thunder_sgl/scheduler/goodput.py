@@ -67,10 +67,12 @@ predicted gain is not there — the choice falls back to level 0 and is capped t
 up that wins from the cap raises it one level). Off by default: from a high level such a probe
 pauses most programs at once (52 of 60 in the DES grid cell ctx10-tool8-out16-x6), and their
 restores cost more than the check is worth. A probe that loses doubles the wait before the next one in its direction (up to
-16×). Probes up (``probe_up``, off by default) test levels above the model's choice; they cost
-the recompute of what they admit and then pause, which on a GPU outweighs what a window of
-seconds can find, so by default the model's choice is only ever tested downwards — at the
-watermarks nothing is probed.
+16×). Probes up test levels above the model's choice; they cost the recompute of what they
+admit and then pause, which on a saturated engine outweighs anything they can find, so by
+default (``probe_up: idle``) they run only while the engine's own counters show it busy less
+than ``probe_up_busy`` of the time: where there is idle time to fill (a small engine whose
+model, fitted at low concurrency, underrates how well prefills batch). A probe that wins is
+adopted: the bias moves by the levels it went.
 
 On an engine whose batch gains nothing (``d0 = 0``, ``a = 0``) and that the programs that fit
 already keep busy, more programs only add
@@ -320,6 +322,8 @@ class AdmissionState:
     probe: int = 0
     """Direction of the probe under way (0: none)."""
     probe_left: int = 0
+    probe_from: int = 0
+    """The level the probe under way left."""
     next_probe: int = 1
     since_probe: int = 0
     up_wait: int = 1
@@ -339,6 +343,8 @@ class AdmissionState:
     win_s: float = 0.0
     settle: bool = True
     changes: int = 0
+    busy: float = 1.0
+    """EMA of the share of each period the engine spent in prefill and decode iterations."""
     tokens_per_step: float = 0.0
     """Tokens the engine prefilled per step, over the fit's memory."""
     block: tuple[float, float, float] = (0.0, 0.0, 0.0)
@@ -429,7 +435,9 @@ def update(state: AdmissionState | None, b: Backend, v: BackendView, now: float,
         tps = pre.s12 / pre.s11 if pre.s11 > 0 else tps
         bs = bt = bp = 0.0
     engine = _engine(dec, pre, st.engine) or st.engine
-    st = replace(st, at=now, snap=cur, dec=dec, pre=pre, engine=engine, tokens_per_step=tps, block=(bs, bt, bp))
+    busy = min(1.0, max(0.0, (dpre + d[7]) / dt)) if b.live.reports_busy else 1.0
+    st = replace(st, at=now, snap=cur, dec=dec, pre=pre, engine=engine, tokens_per_step=tps, block=(bs, bt, bp),
+                 busy=st.busy + ac.cost_ema_alpha * (busy - st.busy))
     # 4. the window measured at the current level
     if st.settle:
         st = replace(st, settle=False)
@@ -574,28 +582,33 @@ def _maybe_probe(st: AdmissionState, ac: AdmissionConfig, v: BackendView, choice
     above level 1 is a reference probe, straight to level 0 (with ``reference_probes``).
 
     A probe goes only as far as it can be measured: in a closed loop the steps/s cannot grow
-    faster than the programs run, so a probe whose change of programs, ``log(n'/n)``, is below
-    what its window can tell from noise (``_detectable``) could never win and is not made —
-    the nearest level far enough is probed instead, or none. Up only with ``probe_up``, where
-    there is more to admit and the model predicts a gain of ``min_gain`` there (kept below it
-    by its hysteresis): a probe up costs the recompute of what it admits and of the programs
-    paused when it ends — in the DES of 2 GLM nodes, 4% of a 25-minute run for a handful of
-    probes that a window of seconds could not have won — so it is off by default. Probes down
-    and reference probes guard the side where a wrong model hurts: admitting too much."""
+    faster than the programs run, so a probe up whose change of programs, ``log(n'/n)``, is
+    below what its window can tell from noise (``_detectable``) could never win and is not
+    made — the nearest level far enough is probed instead, or none. Down, a level that thrashes
+    can lose far more than its share of programs, so when no level is far enough the probe goes
+    to the watermarks. Up only where there is more to
+    admit, and (``probe_up: idle``, the default) while the engine is busy less than
+    ``probe_up_busy`` of the time — a probe up costs the recompute of what it admits and of
+    the programs paused when it ends (in the DES of 2 saturated GLM nodes, 4% of a 25-minute
+    run for probes none of which won) — or (``on``) where the model predicts ``min_gain``.
+    Probes down guard the side where a wrong model hurts most: admitting too much."""
     need = _detectable(st.measured, st.win_steps, ac, tick)
     for d in (st.next_probe, -st.next_probe):
         wait = ac.probe_every_periods * (st.up_wait if d > 0 else st.down_wait)
         if not (0 <= st.level + d <= ac.levels and st.since_probe >= wait):
             continue
-        if d > 0 and (not ac.probe_up or v.supply <= v.active):
-            continue  # probes up are off, or there is nothing more to admit
+        if d > 0 and (v.supply <= v.active or ac.probe_up == "off"
+                      or (ac.probe_up == "idle" and st.busy >= ac.probe_up_busy)):
+            continue  # nothing more to admit, or probes up are off (or the engine has no idle time)
         reference = ac.reference_probes and d < 0 and st.next_reference and st.level > 1
         to = 0 if reference else _probe_level(st.level, d, choices, need)
-        if to is None or abs(math.log(max(choices[to][2], 1.0) / max(choices[st.level][2], 1.0))) < need:
+        if to is None and d < 0:
+            to = 0  # down, a thrashing level can lose more than its programs: the watermarks
+        if to is None:
             continue
-        if d > 0 and choices[to][4] < (1.0 + ac.min_gain) * choices[st.level][4]:
+        if d > 0 and ac.probe_up == "on" and choices[to][4] < (1.0 + ac.min_gain) * choices[st.level][4]:
             continue
-        st = replace(st, base_rate=st.measured, base_steps=st.win_steps, reference=reference,
+        st = replace(st, base_rate=st.measured, base_steps=st.win_steps, reference=reference, probe_from=st.level,
                      next_probe=-d, probes=st.probes + 1,
                      next_reference=(not st.next_reference) if d < 0 else st.next_reference)
         st = _set_level(st, to)
@@ -638,8 +651,9 @@ def _end_probe(st: AdmissionState, ac: AdmissionConfig, now: float) -> Admission
     elif won and d < 0 and st.bias <= -ac.max_bias:
         st = replace(st, ceiling=st.level, ceiling_at=now, fallbacks=st.fallbacks + 1, probes_won=st.probes_won + 1,
                      down_wait=1, up_wait=min(MAX_BACKOFF, st.up_wait * 2))
-    elif won:
-        st = replace(st, bias=min(max(st.bias + d, -ac.max_bias), ac.max_bias), probes_won=st.probes_won + 1)
+    elif won:  # adopt the probe's level: the bias moves by the levels the probe went
+        moved = st.level - st.probe_from
+        st = replace(st, bias=min(max(st.bias + moved, -ac.max_bias), ac.max_bias), probes_won=st.probes_won + 1)
         if d > 0 and st.level > st.ceiling:
             st = replace(st, ceiling=st.level)
         st = replace(st, up_wait=1) if d > 0 else replace(st, down_wait=1)
