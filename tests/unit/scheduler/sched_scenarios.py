@@ -82,3 +82,32 @@ def naive_demand(table: ProgramTable, b: Backend, now: float, tick: float, x: fl
         if p.group_key:
             shared.setdefault(p.group_key, task)
     return total + sum(shared.values())
+
+
+def place_all_within_bound(table: ProgramTable, pol, b: Backend, n: int, free_every: int, cfg,
+                           before_tick=None) -> dict[str, int]:
+    """Tick until all ``n`` waiting programs are placed while one running program ends every
+    ``free_every`` ticks; fail if that takes longer than the bound aging and head-of-line
+    reservation give. ``before_tick(now)`` runs before each tick. Returns the tick of each
+    placement."""
+    from thunder_sgl.scheduler import apply
+
+    placed_at: dict[str, int] = {}
+    now, tick = 0.0, 0
+    max_ticks = int(cfg.reserve_after_seconds / cfg.tick_seconds) + free_every * n * 2 + 5
+    while len(placed_at) < n:
+        assert tick <= max_ticks, f"not all restored after {tick} ticks: {sorted(set(p.id for p in table) - set(placed_at))}"
+        if before_tick is not None:
+            before_tick(now)
+        _, placed = apply(pol.tick(now, table, [b]), table, now)
+        for p in placed:
+            placed_at[p.id] = tick
+            p.held = 0
+            p.start_request(now, p.pending_prompt_tokens)  # running: weight 1 until it ends
+        if tick % free_every == 0:
+            running = [p for p in table if p.active]
+            if running:
+                table.remove(min(running, key=lambda p: p.id).id, now)
+        now += cfg.tick_seconds
+        tick += 1
+    return placed_at

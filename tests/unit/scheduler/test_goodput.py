@@ -11,12 +11,12 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sched_scenarios import active, backend, new
+from sched_scenarios import active, backend, new, place_all_within_bound
 
 from thunder_sgl.backends import Backend, Tiers
 from thunder_sgl.config import AdmissionConfig, SchedulerConfig
 from thunder_sgl.programs import ProgramTable
-from thunder_sgl.scheduler import ThunderScheduler, apply
+from thunder_sgl.scheduler import ThunderScheduler
 from thunder_sgl.scheduler.goodput import (
     AdmissionState,
     BackendView,
@@ -270,23 +270,11 @@ def test_waits_stay_bounded_at_any_admission_level(sizes, level, free_every):
     extra = level / AC.levels * AC.max_overcommit * 20_000
     for i, c in enumerate(sizes):
         new(table, f"w{i}", c, since=0.0)
-    placed_at: dict[str, int] = {}
-    now, tick = 0.0, 0
-    max_ticks = int(cfg.reserve_after_seconds / cfg.tick_seconds) + free_every * len(sizes) * 2 + 5
-    while len(placed_at) < len(sizes):
-        assert tick <= max_ticks, "a program waited beyond the bound"
+
+    def frozen(now: float) -> None:
         b.admission = AdmissionState(extra=extra, at=math.inf, level=level)  # frozen: no update
-        _, placed = apply(pol.tick(now, table, [b]), table, now)
-        for p in placed:
-            placed_at[p.id] = tick
-            p.held = 0
-            p.start_request(now, p.pending_prompt_tokens)
-        if tick % free_every == 0:
-            running = [p for p in table if p.active]
-            if running:
-                table.remove(min(running, key=lambda p: p.id).id, now)
-        now += cfg.tick_seconds
-        tick += 1
+
+    place_all_within_bound(table, pol, b, len(sizes), free_every, cfg, frozen)
 
 
 def test_the_view_names_what_operators_read():

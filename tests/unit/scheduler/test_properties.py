@@ -6,7 +6,7 @@ import math
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sched_scenarios import active, backend, naive_demand, new, paused
+from sched_scenarios import active, backend, naive_demand, new, paused, place_all_within_bound
 
 from thunder_sgl.backends.backend import Backend
 from thunder_sgl.config import SchedulerConfig
@@ -144,22 +144,7 @@ def test_every_paused_program_is_restored_within_bounded_ticks(sizes, hbm, free_
     pol = ThunderScheduler(cfg, picker=GroupPicker())
     for i, c in enumerate(sizes):
         new(table, f"w{i}", c, since=0.0)
-    placed_at: dict[str, int] = {}
-    now, tick = 0.0, 0
-    max_ticks = int(cfg.reserve_after_seconds / cfg.tick_seconds) + free_every * len(sizes) * 2 + 5
-    while len(placed_at) < len(sizes):
-        assert tick <= max_ticks, f"not all restored after {tick} ticks: {sorted(set(p.id for p in table) - set(placed_at))}"
-        _, placed = apply(pol.tick(now, table, [b]), table, now)
-        for p in placed:
-            placed_at[p.id] = tick
-            p.held = 0
-            p.start_request(now, p.pending_prompt_tokens)  # running: weight 1 until it ends
-        if tick % free_every == 0:
-            running = [p for p in table if p.active]
-            if running:
-                table.remove(min(running, key=lambda p: p.id).id, now)
-        now += cfg.tick_seconds
-        tick += 1
+    place_all_within_bound(table, pol, b, len(sizes), free_every, cfg)
 
 
 @SETTINGS
