@@ -306,10 +306,10 @@ class AdmissionState:
     bias: int = 0
     """Levels that measurement moved the choice away from the model's (bounded by ``max_bias``)."""
     ceiling: int = 1 << 30
+    """Highest level allowed: set by a fallback (a probe down that won with the bias at its
+    bound), raised by each probe up that wins beyond it."""
     ceiling_at: float = 0.0
     """When the cap was set (it expires after ``MAX_BACKOFF × probe_every_periods`` periods)."""
-    """Highest level allowed: set to 0 by a fallback, raised one level by each probe up that
-    wins from it."""
     predicted: float = 0.0
     """Steps/s the model predicts at ``level``."""
     predicted_fixed: float = 0.0
