@@ -131,7 +131,7 @@ class ThunderScheduler:
             else:
                 ost = b.admission if isinstance(b.admission, occupancy.OccupancyState) else None
                 new = occupancy.update(ost, b, self._view(ld, waiting), now, self.cfg)
-            if new.extra != ld.extra or new.protect != ld.protect_limit:
+            if new.extra != ld.extra or min(new.protect, ld.fit_limit) != ld.protect_limit:
                 ld.set_extra(self.cfg, new.extra, new.protect)
             out[key] = new
         return out
@@ -146,7 +146,8 @@ class ThunderScheduler:
 
     @staticmethod
     def _overcommitted(loads: Iterable[BackendLoad]) -> frozenset[str]:
-        """Programs beyond ``λ_max·pool`` in pause order, on backends admitted past it."""
+        """Programs beyond what the rule protects (``protect_limit``: ``λ_max·pool`` or less) in
+        pause order, on backends admitted past ``λ_max·pool``."""
         out: set[str] = set()
         for ld in loads:
             over = ld.demand - ld.protect_limit
