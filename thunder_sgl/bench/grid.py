@@ -168,7 +168,7 @@ def run_grid(base: Any, cells: Iterable[Cell], repeats: int, pool: int, run: Run
                              "multiple": cell.multiple, "programs": n, "repeat": rep + 1, "router": r.router,
                              "steps_per_min": r.steps_per_min, "kv_hit_rate": r.kv_hit_rate,
                              "failed": bool(r.errors.get("failed")), "admission": admission_of(r.notes)})
-            write_grid(root, rows, base)
+            write_grid(root, rows, f"{base.mode} mode, {base.nodes} × {base.cluster_name}")
     return root
 
 
@@ -204,12 +204,14 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def write_grid(root: Path, rows: list[dict[str, Any]], base: Any) -> None:
+def write_grid(root: Path, rows: list[dict[str, Any]], title: str) -> None:
+    """``grid.md``, ``grid.json`` and ``grid.csv`` of ``rows``; ``title``: mode, nodes and
+    cluster, as the table's heading says them."""
     summary = summarize(rows)
     routers = [r for r in GRID_ROUTERS if any(r in s["mean"] for s in summary)]
     routers += sorted({k for s in summary for k in s["mean"]} - set(routers))
     lines = [
-        f"# Workload grid ({base.mode} mode, {base.nodes} × {base.cluster_name})", "",
+        f"# Workload grid ({title})", "",
         "Steps/min per router, mean of the repeats ± half their range; ×best = thunder ÷ the best of the "
         "request-level routers in the sweep (direct, sglang_router and smg cache_aware); ×fixed = thunder ÷ "
         "thunder-fixed; admission = what thunder's goodput rule held at the end of each repeat "
@@ -241,28 +243,8 @@ def merge(parts: list[Path], out: Path, title: str) -> Path:
     for p in parts:
         rows += json.loads((p / "grid.json").read_text())["rows"]
     out.mkdir(parents=True, exist_ok=True)
-    base = _Title(title)
-    write_grid(out, rows, base)
+    write_grid(out, rows, title)
     return out / "grid.md"
-
-
-@dataclass(frozen=True)
-class _Title:
-    """What ``write_grid`` reads of a spec, for a merged grid."""
-
-    text: str
-
-    @property
-    def mode(self) -> str:
-        return self.text.split(",")[0]
-
-    @property
-    def nodes(self) -> str:
-        return self.text.split(",")[1]
-
-    @property
-    def cluster_name(self) -> str:
-        return self.text.split(",")[2]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -272,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                                  description="merge grids run as several processes into one grid.md")
     ap.add_argument("parts", nargs="+", type=Path, help="grid directories (each with grid.json)")
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--title", default="des,1,sglang-cpu-gpt2-small-t1", help="mode,nodes,cluster of the table's title")
+    ap.add_argument("--title", default="des mode, 1 × sglang-cpu-gpt2-small-t1", help="the table's heading")
     args = ap.parse_args(argv)
     print(merge(args.parts, args.out, args.title))
     return 0

@@ -142,6 +142,12 @@ class PrefillFit:
                           keep * self.s22 + tokens * tokens, keep * self.s1y + steps * busy,
                           keep * self.s2y + tokens * busy)
 
+    @property
+    def tokens_per_step(self) -> float:
+        """Tokens the engine prefilled per step over the fit's memory (steps-weighted); 0
+        before any block."""
+        return self.s12 / self.s11 if self.s11 > 0 else 0.0
+
     def coefficients(self, prev: tuple[float, float] | None = None) -> tuple[float, float] | None:
         """(a, β); None before any prefill. While the two regressors are too collinear to tell
         apart, the previous split is kept, rescaled to the data (continuity), or — with none —
@@ -345,8 +351,6 @@ class AdmissionState:
     changes: int = 0
     busy: float = 1.0
     """EMA of the share of each period the engine spent in prefill and decode iterations."""
-    tokens_per_step: float = 0.0
-    """Tokens the engine prefilled per step, over the fit's memory."""
     block: tuple[float, float, float] = (0.0, 0.0, 0.0)
     """Steps, prefill tokens and prefill seconds of the periods not yet in the prefill fit."""
     churn: float = 0.0
@@ -428,15 +432,14 @@ def update(state: AdmissionState | None, b: Backend, v: BackendView, now: float,
     dsteps, dtok, dpre, dnew, dout = d[0], d[1], d[2], d[3], d[4]
     keep = 0.5 ** (1.0 / ac.fit_half_life_periods)
     dec = st.dec.add(tuple(d[5:5 + _MOMENTS]), keep) if d[5] > 0 else st.dec
-    pre, tps = st.pre, st.tokens_per_step
+    pre = st.pre
     bs, bt, bp = st.block[0] + dsteps, st.block[1] + dtok, st.block[2] + dpre
     if bs >= ac.probe_min_steps and bt > 0:
         pre = pre.add(bs, bt, bp, keep)
-        tps = pre.s12 / pre.s11 if pre.s11 > 0 else tps
         bs = bt = bp = 0.0
     engine = _engine(dec, pre, st.engine) or st.engine
     busy = min(1.0, max(0.0, (dpre + d[7]) / dt)) if b.live.reports_busy else 1.0
-    st = replace(st, at=now, snap=cur, dec=dec, pre=pre, engine=engine, tokens_per_step=tps, block=(bs, bt, bp),
+    st = replace(st, at=now, snap=cur, dec=dec, pre=pre, engine=engine, block=(bs, bt, bp),
                  busy=st.busy + ac.cost_ema_alpha * (busy - st.busy))
     # 4. the window measured at the current level
     if st.settle:
@@ -452,7 +455,7 @@ def update(state: AdmissionState | None, b: Backend, v: BackendView, now: float,
               new_tokens=dnew / dsteps if dnew > 0 and dsteps > 0 else 0.1 * v.context,
               hbm=float(b.tiers.hbm_tokens), cache=v.pool, refs=b.session_refs and cfg.session_refs,
               tools=b.served.tool_hist.points())
-    choices, churn = _choices(v, lp, engine, ac, st.level, tps)
+    choices, churn = _choices(v, lp, engine, ac, st.level, pre.tokens_per_step)
     best = _best(choices, ac.min_gain, st.model_level)
     if best != st.model_level and best != st.model_next:  # a new preference: confirm it next period
         st = replace(st, model_next=best, churn=churn)
