@@ -36,6 +36,11 @@ class AdmissionLevel(Protocol):
         """Tokens of KV kept referenced (inf: all that fits)."""
         ...
 
+    @property
+    def hbm_extra(self) -> float:
+        """Tokens by which the HBM condition's limit rises (``scheduler.gate``)."""
+        ...
+
     def view(self) -> dict[str, object]:
         """What ``GET /workers`` and ``/metrics`` show of it."""
         ...

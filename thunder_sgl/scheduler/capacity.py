@@ -24,7 +24,7 @@ from thunder_sgl.backends.backend import Backend
 from thunder_sgl.config import SchedulerConfig
 from thunder_sgl.programs import Phase, Program
 from thunder_sgl.scheduler.cost import ProgramCost, program_cost, weight
-from thunder_sgl.scheduler.gate import hbm_fits, hbm_room
+from thunder_sgl.scheduler.gate import hbm_fits, hbm_limit, hbm_room
 
 _REASONING = Phase.REASONING
 
@@ -81,17 +81,21 @@ class BackendLoad:
 
     @classmethod
     def for_backend(cls, b: Backend, cfg: SchedulerConfig, extra: float = 0.0,
-                    protect: float = float("inf")) -> BackendLoad:
+                    protect: float = float("inf"), hbm_extra: float = 0.0) -> BackendLoad:
         """The backend's load with the policy's watermarks; ``extra``: tokens the admission
-        rule allows beyond both, ``protect``: tokens it keeps referenced (``goodput``)."""
+        rule allows beyond both, ``protect``: tokens it keeps referenced (``goodput``),
+        ``hbm_extra``: tokens by which it raises the HBM condition."""
         pool = b.tiers.pool(cfg.tier_aware, cfg.host_weight, cfg.storage_weight)
-        load = cls(backend=b, pool=pool, limit_hi=0.0, limit_lo=0.0, hbm_limit=cfg.hbm_lambda * b.tiers.hbm_tokens)
-        load.set_extra(cfg, extra, protect)
+        load = cls(backend=b, pool=pool, limit_hi=0.0, limit_lo=0.0, hbm_limit=0.0)
+        load.set_extra(cfg, extra, protect, hbm_extra)
         return load
 
-    def set_extra(self, cfg: SchedulerConfig, extra: float, protect: float = float("inf")) -> None:
-        """Watermarks ``λ·pool + extra``; ``fit_limit`` stays ``λ_max·pool`` (what fits)."""
+    def set_extra(self, cfg: SchedulerConfig, extra: float, protect: float = float("inf"),
+                  hbm_extra: float = 0.0) -> None:
+        """Watermarks ``λ·pool + extra``; ``fit_limit`` stays ``λ_max·pool`` (what fits); the
+        HBM condition's limit ``hbm_lambda·HBM + hbm_extra``."""
         self.extra = extra
+        self.hbm_limit = hbm_limit(cfg, self.backend, hbm_extra)
         self.fit_limit = cfg.lambda_max * self.pool
         self.protect_limit = min(self.fit_limit, protect)
         self.limit_hi = self.fit_limit + extra

@@ -39,7 +39,7 @@ from thunder_sgl.programs import Program, ProgramState, ProgramTable
 from thunder_sgl.scheduler import goodput, occupancy, queue
 from thunder_sgl.scheduler.capacity import BackendLoad, Member
 from thunder_sgl.scheduler.cost import decay_weights
-from thunder_sgl.scheduler.gate import RequestGate
+from thunder_sgl.scheduler.gate import RequestGate, hbm_limit
 from thunder_sgl.scheduler.goodput import BackendView
 from thunder_sgl.scheduler.placement import (
     Picker,
@@ -87,7 +87,7 @@ class ThunderScheduler:
     def tick(self, now: float, programs: ProgramTable, backends: Sequence[Backend]) -> Decisions:
         cfg = self.cfg
         ruled = cfg.admission.mode != "fixed"
-        loads = {b.key: BackendLoad.for_backend(b, cfg, _extra(b), _protect(b)) if ruled
+        loads = {b.key: BackendLoad.for_backend(b, cfg, _extra(b), _protect(b), _hbm_extra(b)) if ruled
                  else BackendLoad.for_backend(b, cfg) for b in backends}
         default_out = float(cfg.default_output_tokens)
         for key, load in loads.items():
@@ -131,8 +131,9 @@ class ThunderScheduler:
             else:
                 ost = b.admission if isinstance(b.admission, occupancy.OccupancyState) else None
                 new = occupancy.update(ost, b, self._view(ld, waiting), now, self.cfg)
-            if new.extra != ld.extra or min(new.protect, ld.fit_limit) != ld.protect_limit:
-                ld.set_extra(self.cfg, new.extra, new.protect)
+            if (new.extra != ld.extra or min(new.protect, ld.fit_limit) != ld.protect_limit
+                    or ld.hbm_limit != hbm_limit(self.cfg, b, new.hbm_extra)):
+                ld.set_extra(self.cfg, new.extra, new.protect, new.hbm_extra)
             out[key] = new
         return out
 
@@ -209,6 +210,10 @@ def _pause_order(m: Member) -> tuple[bool, float, int, str]:
 
 def _extra(b: Backend) -> float:
     return b.admission.extra if b.admission is not None else 0.0
+
+
+def _hbm_extra(b: Backend) -> float:
+    return b.admission.hbm_extra if b.admission is not None else 0.0
 
 
 def _protect(b: Backend) -> float:

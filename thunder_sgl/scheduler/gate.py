@@ -35,6 +35,11 @@ def hbm_fits(used: float, need: float, limit: float) -> bool:
     return used <= 0.0 or used + need <= limit
 
 
+def hbm_limit(cfg: SchedulerConfig, b: Backend, extra: float) -> float:
+    """``hbm_lambda × HBM tokens``, raised by what the admission rule says (``hbm_extra``)."""
+    return cfg.hbm_lambda * b.tiers.hbm_tokens + extra
+
+
 def hbm_room(used: float, limit: float) -> float:
     """The largest need ``hbm_fits`` accepts (infinite while nothing runs)."""
     return float("inf") if used <= 0.0 else limit - used
@@ -49,7 +54,9 @@ class RequestGate:
     cfg: SchedulerConfig
 
     def limit(self, b: Backend) -> float:
-        return self.cfg.hbm_lambda * b.tiers.hbm_tokens if self.cfg.tier_aware else float("inf")
+        if not self.cfg.tier_aware:
+            return float("inf")
+        return hbm_limit(self.cfg, b, b.admission.hbm_extra if b.admission is not None else 0.0)
 
     def need(self, p: Program, estimate: int) -> float:
         """What p's request holds in HBM when it finishes (``cost.hbm`` with the estimate)."""

@@ -366,6 +366,13 @@ class AdmissionState:
     k: float = 0.0
     """Of them protected."""
 
+    @property
+    def hbm_extra(self) -> float:
+        """The HBM condition rises with the level: requests of the programs admitted beyond the
+        pool go to the engine, whose own scheduler queues what its KV cannot hold, instead of
+        waiting at the router (which releases them later and sizes them coarsely)."""
+        return self.extra
+
     def view(self) -> dict[str, object]:
         """What ``GET /workers`` and ``/metrics`` show."""
         e = self.engine

@@ -73,6 +73,11 @@ class OccupancyState:
         """Every program within ``λ_max·pool`` keeps its references (as before)."""
         return math.inf
 
+    @property
+    def hbm_extra(self) -> float:
+        """The HBM condition stays at ``hbm_lambda·HBM`` (as before)."""
+        return 0.0
+
     def view(self) -> dict[str, object]:
         return {"rule": "occupancy", "extra_tokens": round(self.extra), "occupancy": round(self.occupancy, 4),
                 "step_s": round(self.step_s, 6), "token_s": round(self.token_s, 9)}

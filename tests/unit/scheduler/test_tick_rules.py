@@ -256,6 +256,26 @@ def test_hbm_condition_gates_held_requests_in_tier_aware_mode_only():
     assert len(policy(tier_aware=False).tick(1.0, t, [b]).placements) == 1
 
 
+def test_the_admission_level_raises_the_hbm_condition_by_its_hbm_extra():
+    """goodput admits programs beyond the pool to run best-effort: their requests go to the
+    engine (whose scheduler queues what its KV cannot hold) instead of waiting at the router.
+    The previous rule (occupancy) keeps the condition at hbm_lambda·HBM."""
+    from thunder_sgl.scheduler.gate import RequestGate
+    from thunder_sgl.scheduler.goodput import AdmissionState
+    from thunder_sgl.scheduler.occupancy import OccupancyState
+
+    pol = policy(hbm_lambda=1.0)
+    for state, placed in ((None, 0), (OccupancyState(extra=500.0), 0), (AdmissionState(extra=500.0), 1)):
+        t = ProgramTable()
+        b = backend("b", 1000, host=4000, inclusive=False)  # pool 5000, HBM 1000
+        b.admission = state
+        r = active(t, "r", b, 700, reasoning=True)
+        p = paused(t, "p", b, 300, held=1)
+        # the restore of a held request (the tick) and one request of an active program (the gate)
+        assert len(pol.tick(1.0, t, [b]).placements) == placed, state
+        assert RequestGate(pol.cfg).admits(p, 300, b, [r]) is bool(placed), state
+
+
 def test_head_of_line_reservation_stops_placements_behind_a_long_waiter():
     t = ProgramTable()
     b = backend("b", 1000)
