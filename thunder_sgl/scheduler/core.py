@@ -7,12 +7,13 @@ No I/O and no clock reads: time and state come in, decisions go out, nothing is 
    (``capacity.BackendLoad``, quantities from ``cost``). Paused and new programs form the
    global waiting queue.
 2. **Admission level.** Each backend's watermarks are ``λ_max·pool`` and ``λ_min·pool``, plus
-   the extra tokens the admission rule allows beyond them (``goodput``, the default: the
-   level with the best predicted and measured steps/s; ``occupancy``, the previous rule; 0
-   for ``fixed``). On a backend admitted beyond ``λ_max·pool``, the programs past what the
-   rule protects (``λ_max·pool``, or less when the rule finds references cost more than they
-   save) in pause order (acting, lowest weight, shortest) are *overcommitted*: their KV is not
-   referenced (``Decisions.unref``), so the engine evicts it before that of the others.
+   the extra tokens the admission rule of ``admission.mode`` allows beyond them
+   (``admission_rules``: ``goodput``, the default: the level with the best predicted and
+   measured steps/s; ``occupancy``, the previous rule; 0 for ``fixed``). On a backend
+   admitted beyond ``λ_max·pool``, the programs past what the rule protects (``λ_max·pool``,
+   or less when the rule finds references cost more than they save) in pause order (acting,
+   lowest weight, shortest) are *overcommitted*: their KV is not referenced
+   (``Decisions.unref``), so the engine evicts it before that of the others.
 3. **Pause (thrash check).** On a backend whose demand exceeds its high watermark, pause idle
    programs — acting ones before ones whose request the HBM gate holds — by lowest decayed
    weight, then shortest context (recompute ∝ c², paper Lemma 4.1), until the excess is freed;
@@ -36,7 +37,8 @@ from dataclasses import dataclass, field
 from thunder_sgl.backends.backend import AdmissionLevel, Backend
 from thunder_sgl.config import SchedulerConfig
 from thunder_sgl.programs import Program, ProgramState, ProgramTable
-from thunder_sgl.scheduler import goodput, occupancy, queue
+from thunder_sgl.scheduler import queue
+from thunder_sgl.scheduler.admission_rules import admission_rule
 from thunder_sgl.scheduler.capacity import BackendLoad, Member
 from thunder_sgl.scheduler.cost import decay_weights
 from thunder_sgl.scheduler.gate import RequestGate, hbm_limit
@@ -83,10 +85,12 @@ class ThunderScheduler:
         self.gate = RequestGate(cfg)
         """The HBM condition for one request (the controller asks it for every request)."""
         self._decay = decay_weights(cfg)
+        self.rule = admission_rule(cfg.admission.mode)
+        """The admission rule (``admission_rules``; None: the fixed watermarks)."""
 
     def tick(self, now: float, programs: ProgramTable, backends: Sequence[Backend]) -> Decisions:
         cfg = self.cfg
-        ruled = cfg.admission.mode != "fixed"
+        ruled = self.rule is not None
         loads = {b.key: BackendLoad.for_backend(b, cfg, _extra(b), _protect(b), _hbm_extra(b)) if ruled
                  else BackendLoad.for_backend(b, cfg) for b in backends}
         default_out = float(cfg.default_output_tokens)
@@ -118,19 +122,14 @@ class ThunderScheduler:
 
     # ---- admission level -------------------------------------------------------------------
     def _admission_levels(self, now: float, loads: dict[str, BackendLoad], waiting: int) -> dict[str, AdmissionLevel]:
-        mode = self.cfg.admission.mode
-        if mode == "fixed":
+        rule = self.rule
+        if rule is None:
             return {}
         out: dict[str, AdmissionLevel] = {}
         for key, ld in loads.items():
             b = ld.backend
-            new: AdmissionLevel
-            if mode == "goodput":
-                st = b.admission if isinstance(b.admission, goodput.AdmissionState) else None
-                new = goodput.update(st, b, self._view(ld, waiting), now, self.cfg)
-            else:
-                ost = b.admission if isinstance(b.admission, occupancy.OccupancyState) else None
-                new = occupancy.update(ost, b, self._view(ld, waiting), now, self.cfg)
+            st = b.admission if isinstance(b.admission, rule.state) else None
+            new = rule.update(st, b, self._view(ld, waiting), now, self.cfg)
             if (new.extra != ld.extra or min(new.protect, ld.fit_limit) != ld.protect_limit
                     or ld.hbm_limit != hbm_limit(self.cfg, b, new.hbm_extra)):
                 ld.set_extra(self.cfg, new.extra, new.protect, new.hbm_extra)
