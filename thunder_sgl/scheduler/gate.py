@@ -3,7 +3,15 @@
 Decode reads every running request's KV each step, so it must be in HBM; when it is not, the
 engine retracts requests and recomputes them later. The condition (design.md)::
 
-    used + need ≤ limit,   limit = hbm_lambda × HBM tokens,   need = c + expected output
+    used + need ≤ limit,   limit = hbm_lambda × HBM tokens + hbm_extra,   need = c + expected output
+
+``hbm_extra`` is the admission rule's (``Backend.admission``): 0 at the watermarks and for the
+``occupancy`` and ``fixed`` rules; under ``goodput`` the level's extra tokens, so that programs
+admitted beyond the pool — chosen because recomputing them is cheaper than leaving the batch
+idle — send their requests to the engine, whose own scheduler queues what its KV cannot hold,
+instead of waiting at the router until a tick lets them go (DES, cell ctx05-tool8-out128-x6,
+3 seeds of 1,200 s: 190 steps/min with the condition at ``hbm_lambda·HBM``, 193 with it raised,
+198 for request-level routing).
 
 ``used`` is the KV the backend's reasoning programs hold or will hold (their ``cost.hbm``).
 The same rule serves two callers, each with its own ``used``:

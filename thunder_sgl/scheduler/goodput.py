@@ -47,7 +47,9 @@ the global queue's) needs beyond what fits, at most ``max_overcommit·pool``; so
 programs of the mean weighted demand. Each level is predicted with every program
 within ``λ_max·pool`` protected, and (on backends with references) with none protected; the
 best wins. Leaving level 0, or the model's current choice, needs a predicted gain of
-``min_gain``, and a new choice must hold two periods running before the model takes it.
+``min_gain``, and a new choice must hold two periods running before the model takes it. The
+level's extra tokens also raise the HBM condition of requests (``hbm_extra``, ``scheduler.gate``):
+the programs admitted beyond the pool run best-effort, their requests queued by the engine.
 
 **4. The guard: measurement.** Goodput is measured per level over a window of whole periods
 (the period after a change is skipped: transient). Every ``probe_every_periods`` the level
