@@ -48,6 +48,9 @@ programs of the mean weighted demand. Each level is predicted with every program
 within ``λ_max·pool`` protected, and (on backends with references) with none protected; the
 best wins. Leaving level 0, or the model's current choice, needs a predicted gain of
 ``min_gain``, and a new choice must hold two periods running before the model takes it. The
+predictions compared are smoothed over periods (EMA, ``cost_ema_alpha``): one period's inputs
+— the tool times and the steps that ended in it — swing them, and unsmoothed the choice
+flipped between the lowest and the highest level every few periods. The
 level's extra tokens also raise the HBM condition of requests (``hbm_extra``, ``scheduler.gate``):
 the programs admitted beyond the pool run best-effort, their requests queued by the engine.
 
@@ -59,9 +62,11 @@ measure: in a closed loop steps/s cannot grow faster than the programs that run,
 smaller than the noise could never win and is not made (on a GPU, where a window of a few
 seconds cannot see a few percent, probes are rare; on a small engine they are large). If the probe's measured
 rate beats the window before it by more than the noise — a log ratio above
-``max(log(1 + probe_margin), σ·√(1/n₁ + 1/n₂))`` for n₁, n₂ steps counted and σ =
-``probe_sigmas``, so a decision needs evidence (hysteresis) — the bias moves one level that
-way, bounded by ``±max_bias``; otherwise the level returns. A prediction that is wrong is
+``max(log(1 + probe_margin), σ·√(φ·(1/n₁ + 1/n₂)))`` for n₁, n₂ steps counted, σ =
+``probe_sigmas`` and φ the dispersion of the periods' step counts (``_dispersion``: programs
+that start, end and swing together make counts vary far more than Poisson's φ = 1), so a
+decision needs evidence (hysteresis) — the bias moves one level that way, bounded by
+``±max_bias``; otherwise the level returns. A prediction that is wrong is
 corrected by the bias: probes down that win walk it down one measurable step at a time. With
 ``reference_probes`` every other probe down from above level 1 goes straight to level 0, the
 fixed watermarks, measured beside the window just before it; when the watermarks win — the
@@ -73,8 +78,11 @@ restores cost more than the check is worth. A probe that loses doubles the wait 
 admit and then pause, which on a saturated engine outweighs anything they can find, so by
 default (``probe_up: idle``) they run only while the engine's own counters show it busy less
 than ``probe_up_busy`` of the time: where there is idle time to fill (a small engine whose
-model, fitted at low concurrency, underrates how well prefills batch). A probe that wins is
-adopted: the bias moves by the levels it went.
+model, fitted at low concurrency, underrates how well prefills batch). A probe up skips a
+whole program cycle (tool + request) before it counts — the programs it admits first send the
+requests they had waiting, a burst the level cannot keep — and one that wins is kept only
+once a fresh window at its level, after the same settling, beats the rate before the probe
+(``_confirm``).
 
 On an engine whose batch gains nothing (``d0 = 0``, ``a = 0``) and that the programs that fit
 already keep busy, more programs only add
@@ -93,6 +101,8 @@ from thunder_sgl.config import AdmissionConfig, SchedulerConfig
 
 _MOMENTS = 5  # n, Σb, Σt (s), Σb², Σb·t (s)
 MAX_BACKOFF = 16
+MODEL_HOLD = 2
+"""Periods running a new preference of the model must hold before the model's choice follows it."""
 """A lost probe doubles the wait before the next in its direction, up to this many times."""
 
 
@@ -310,6 +320,11 @@ class AdmissionState:
     level: int = 0
     model_level: int = 0
     model_next: int = 0
+    model_streak: int = 0
+    """Periods running the model has preferred ``model_next``."""
+    smoothed: tuple[float, ...] = ()
+    """Each level's predicted steps/s, smoothed over periods (EMA, ``cost_ema_alpha``): one
+    period's inputs (the tool times and the steps that ended in it) swing the prediction."""
     """The model's preference last period: ``model_level`` follows a preference held twice."""
     bias: int = 0
     """Levels that measurement moved the choice away from the model's (bounded by ``max_bias``)."""
@@ -344,12 +359,24 @@ class AdmissionState:
     """The probe under way goes to level 0 (the fixed watermarks) to check the gain is there."""
     next_reference: bool = False
     """The next probe down is a reference probe."""
+    confirm: int = 0
+    """Levels a probe up that won moved the bias, until a whole window at its level confirms it
+    (0: nothing to confirm)."""
+    confirm_rate: float = 0.0
+    """The rate before that probe, which the confirming window must beat."""
     fallbacks: int = 0
     probes: int = 0
     probes_won: int = 0
     win_steps: int = 0
     win_s: float = 0.0
-    settle: bool = True
+    win_n: int = 0
+    """Periods in the window ..."""
+    win_sq: float = 0.0
+    """... and the sum of their squared step counts (the counts' dispersion)."""
+    base_phi: float = 1.0
+    """Dispersion of the window a probe is compared with."""
+    settle: int = 1
+    """Periods still skipped before the window counts (a change's transient)."""
     changes: int = 0
     busy: float = 1.0
     """EMA of the share of each period the engine spent in prefill and decode iterations."""
@@ -452,9 +479,10 @@ def update(state: AdmissionState | None, b: Backend, v: BackendView, now: float,
                  busy=st.busy + ac.cost_ema_alpha * (busy - st.busy))
     # 4. the window measured at the current level
     if st.settle:
-        st = replace(st, settle=False)
+        st = replace(st, settle=st.settle - 1)
     else:
-        st = replace(st, win_steps=st.win_steps + int(dsteps), win_s=st.win_s + dt)
+        st = replace(st, win_steps=st.win_steps + int(dsteps), win_s=st.win_s + dt, win_n=st.win_n + 1,
+                     win_sq=st.win_sq + dsteps * dsteps)
     st = replace(st, measured=st.win_steps / st.win_s if st.win_s > 0 else 0.0)
     if st.level == 0 and not st.probe and st.win_steps >= ac.probe_min_steps:
         st = replace(st, fixed_rate=st.measured, fixed_steps=st.win_steps)
@@ -465,13 +493,18 @@ def update(state: AdmissionState | None, b: Backend, v: BackendView, now: float,
               hbm=float(b.tiers.hbm_tokens), cache=v.pool, refs=b.session_refs and cfg.session_refs,
               tools=b.served.tool_hist.points())
     choices, churn = _choices(v, lp, engine, ac, st.level, pre.tokens_per_step)
-    best = _best(choices, ac.min_gain, st.model_level)
-    if best != st.model_level and best != st.model_next:  # a new preference: confirm it next period
-        st = replace(st, model_next=best, churn=churn)
-    elif best != st.model_level:
-        st = replace(st, model_level=best, model_next=best, churn=churn)
+    # one program cycle (tool + request), in whole periods: what a probe up skips first
+    cycle = max(1, math.ceil((b.served.tool_s + b.served.request_s) / cfg.tick_seconds))
+    rates = [c[4] for c in choices]
+    if len(st.smoothed) == len(rates) and all(r > 0 for r in st.smoothed):
+        rates = [m + ac.cost_ema_alpha * (r - m) for m, r in zip(st.smoothed, rates, strict=True)]
+    st = replace(st, smoothed=tuple(rates))
+    best = _best([c[:4] + (r,) for c, r in zip(choices, rates, strict=True)], ac.min_gain, st.model_level)
+    streak = st.model_streak + 1 if best == st.model_next else 1
+    if best != st.model_level and streak >= MODEL_HOLD:  # a preference held MODEL_HOLD periods
+        st = replace(st, model_level=best, model_next=best, model_streak=streak, churn=churn)
     else:
-        st = replace(st, model_next=best, churn=churn)
+        st = replace(st, model_next=best, model_streak=streak, churn=churn)
     if st.probe:
         # a probe lasts probe_periods, and longer (up to 4×) until it has counted as many
         # steps as the window it is compared with needs (probe_min_steps)
@@ -479,17 +512,34 @@ def update(state: AdmissionState | None, b: Backend, v: BackendView, now: float,
         if st.probe_left > 1 or short:
             st = replace(st, probe_left=st.probe_left - 1)
         else:
-            st = _end_probe(st, ac, now)
+            st = _end_probe(st, ac, now, cycle)
     else:
         st = replace(st, since_probe=st.since_probe + 1)
     if st.ceiling < 1 << 30 and now - st.ceiling_at > MAX_BACKOFF * ac.probe_every_periods * cfg.tick_seconds:
         st = replace(st, ceiling=1 << 30)
+    if st.confirm and st.probe == 0 and st.win_steps >= ac.probe_min_steps \
+            and st.win_s >= ac.probe_periods * cfg.tick_seconds:
+        st = _confirm(st, ac)
     target = min(max(st.model_level + st.bias, 0), ac.levels, st.ceiling)
     if st.probe == 0 and target != st.level:
         st = _set_level(st, target)
-    elif st.probe == 0 and st.win_steps >= ac.probe_min_steps:
-        st = _maybe_probe(st, ac, v, choices, cfg.tick_seconds)
+        if st.confirm:  # the level a won probe led to: confirmed afresh after a whole cycle
+            st = replace(st, settle=cycle)
+    elif st.probe == 0 and not st.confirm and st.win_steps >= ac.probe_min_steps:
+        st = _maybe_probe(st, ac, v, choices, cfg.tick_seconds, cycle)
     return _apply(st, choices)
+
+
+def _confirm(st: AdmissionState, ac: AdmissionConfig) -> AdmissionState:
+    """A probe up that won is kept only if a whole window at its level, measured afresh after
+    a settling period, beats the rate before the probe: a probe up is measured while the
+    programs it admits send the requests they had waiting, a burst the level cannot keep up
+    once their evictions come due. Otherwise the bias returns and the next probe up waits
+    twice as long."""
+    if st.measured > st.confirm_rate:
+        return replace(st, confirm=0, up_wait=1)
+    return replace(st, confirm=0, bias=max(st.bias - st.confirm, -ac.max_bias),
+                   up_wait=min(MAX_BACKOFF, st.up_wait * 2))
 
 
 def _engine(dec: DecodeFit, pre: PrefillFit, prev: Engine | None) -> Engine | None:
@@ -570,25 +620,41 @@ def _best(choices: list[_Choice], min_gain: float, current: int) -> int:
     return 0
 
 
-def _beats(rate: float, steps: int, other: float, other_steps: int, floor: float, sigmas: float) -> bool:
+def _beats(rate: float, steps: int, other: float, other_steps: int, floor: float, sigmas: float,
+           phi: float = 1.0) -> bool:
     """Whether ``rate`` (measured over ``steps`` steps) exceeds ``other`` beyond the noise:
-    their log ratio above ``sigmas`` standard deviations of a log ratio of Poisson counts,
-    ``√(1/n₁ + 1/n₂)``, and above ``log(1 + floor)``."""
+    their log ratio above ``sigmas`` standard deviations of a log ratio of counts,
+    ``√(φ·(1/n₁ + 1/n₂))`` (φ = 1: Poisson counts; more when the periods' counts vary more,
+    ``_dispersion``), and above ``log(1 + floor)``."""
     if rate <= 0 or steps <= 0 or other_steps <= 0:
         return False
     if other <= 0:
         return True
-    return math.log(rate / other) > max(math.log1p(floor), sigmas * math.sqrt(1.0 / steps + 1.0 / other_steps))
+    return math.log(rate / other) > max(math.log1p(floor), sigmas * math.sqrt(phi * (1.0 / steps + 1.0 / other_steps)))
+
+
+def _dispersion(st: AdmissionState) -> float:
+    """φ: the variance of the window's per-period step counts over their mean (1 for Poisson
+    counts; at least 1). Programs that start, end and swing between tools and requests
+    together make counts vary far more than Poisson (in the DES grid, windows of 100 steps at
+    one level differed by 1.5×): a test that assumed Poisson would take that for a gain."""
+    n = st.win_n
+    if n < 3 or st.win_steps <= 0:
+        return 1.0
+    mean = st.win_steps / n
+    var = (st.win_sq - n * mean * mean) / (n - 1)
+    return max(1.0, var / mean)
 
 
 def _set_level(st: AdmissionState, level: int) -> AdmissionState:
     if level == st.level:
         return st
-    return replace(st, level=level, win_steps=0, win_s=0.0, settle=True, changes=st.changes + 1, since_probe=0)
+    return replace(st, level=level, win_steps=0, win_s=0.0, win_n=0, win_sq=0.0, settle=1, changes=st.changes + 1,
+                   since_probe=0)
 
 
 def _maybe_probe(st: AdmissionState, ac: AdmissionConfig, v: BackendView, choices: list[_Choice],
-                 tick: float) -> AdmissionState:
+                 tick: float, cycle: int) -> AdmissionState:
     """Every ``probe_every_periods`` (times the direction's back-off) move up or down
     (alternating) to measure a level against the window so far; every other probe down from
     above level 1 is a reference probe, straight to level 0 (with ``reference_probes``).
@@ -620,18 +686,24 @@ def _maybe_probe(st: AdmissionState, ac: AdmissionConfig, v: BackendView, choice
             continue
         if d > 0 and ac.probe_up == "on" and choices[to][4] < (1.0 + ac.min_gain) * choices[st.level][4]:
             continue
-        st = replace(st, base_rate=st.measured, base_steps=st.win_steps, reference=reference, probe_from=st.level,
+        st = replace(st, base_rate=st.measured, base_steps=st.win_steps, base_phi=_dispersion(st), reference=reference,
+                     probe_from=st.level,
                      next_probe=-d, probes=st.probes + 1,
                      next_reference=(not st.next_reference) if d < 0 else st.next_reference)
         st = _set_level(st, to)
-        return replace(st, probe=d, probe_left=ac.probe_periods + 1)
+        if d > 0:  # the programs it admits send what they had waiting: skip a whole cycle
+            st = replace(st, settle=cycle)
+        return replace(st, probe=d, probe_left=ac.probe_periods + st.settle)
     return st
 
 
 def _detectable(rate: float, steps: int, ac: AdmissionConfig, tick: float) -> float:
     """The smallest log ratio of rates a probe can tell from noise: ``probe_sigmas`` standard
     deviations of a log ratio of Poisson counts, the window so far against a probe window of
-    ``probe_periods`` at about the same rate (and at least ``log(1 + probe_margin)``)."""
+    ``probe_periods`` at about the same rate (and at least ``log(1 + probe_margin)``). Poisson,
+    not the measured dispersion: a larger probe pauses more programs when it ends, and a
+    probe down that finds no level far enough goes to the watermarks; the dispersion makes
+    the comparison stricter instead (``_end_probe``)."""
     expected = max(rate * ac.probe_periods * tick, ac.probe_min_steps)
     return max(math.log1p(ac.probe_margin), ac.probe_sigmas * math.sqrt(1.0 / max(steps, 1) + 1.0 / expected))
 
@@ -648,14 +720,15 @@ def _probe_level(level: int, d: int, choices: list[_Choice], need: float) -> int
     return None
 
 
-def _end_probe(st: AdmissionState, ac: AdmissionConfig, now: float) -> AdmissionState:
+def _end_probe(st: AdmissionState, ac: AdmissionConfig, now: float, cycle: int) -> AdmissionState:
     """Compare the probe's window with the one before it: the bias moves one level the
     probe's way when it wins by more than the noise; a probe down that wins with the bias
     already at ``−max_bias`` caps the level at the probe's (a fallback: the model is wrong by
     more than the bias may correct; the cap expires after ``MAX_BACKOFF`` probe cycles); a
     lost probe doubles the wait before the next in its direction (up to ``MAX_BACKOFF``)."""
+    phi = max(_dispersion(st), st.base_phi)
     won = st.base_rate > 0 and _beats(st.measured, st.win_steps, st.base_rate, st.base_steps, ac.probe_margin,
-                                      ac.probe_sigmas)
+                                      ac.probe_sigmas, phi)
     d = st.probe
     if won and st.reference:  # the fixed watermarks beat the level the model chose: fall back
         st = replace(st, bias=0, ceiling=0, ceiling_at=now, fallbacks=st.fallbacks + 1, probes_won=st.probes_won + 1,
@@ -663,12 +736,16 @@ def _end_probe(st: AdmissionState, ac: AdmissionConfig, now: float) -> Admission
     elif won and d < 0 and st.bias <= -ac.max_bias:
         st = replace(st, ceiling=st.level, ceiling_at=now, fallbacks=st.fallbacks + 1, probes_won=st.probes_won + 1,
                      down_wait=1, up_wait=min(MAX_BACKOFF, st.up_wait * 2))
-    elif won:  # adopt the probe's level: the bias moves by the levels the probe went
-        moved = st.level - st.probe_from
+    elif won:  # one level the probe's way (a lucky window must not carry the bias far)
+        moved = 1 if st.level > st.probe_from else -1
         st = replace(st, bias=min(max(st.bias + moved, -ac.max_bias), ac.max_bias), probes_won=st.probes_won + 1)
         if d > 0 and st.level > st.ceiling:
             st = replace(st, ceiling=st.level)
-        st = replace(st, up_wait=1) if d > 0 else replace(st, down_wait=1)
+        if d > 0:  # kept once a fresh window at this level confirms it (``_confirm``)
+            st = replace(st, confirm=moved, confirm_rate=st.base_rate, win_steps=0, win_s=0.0, win_n=0, win_sq=0.0,
+                         settle=cycle)
+        else:
+            st = replace(st, down_wait=1)
     else:
         st = replace(st, up_wait=min(MAX_BACKOFF, st.up_wait * 2)) if d > 0 else \
             replace(st, down_wait=min(MAX_BACKOFF, st.down_wait * 2))
