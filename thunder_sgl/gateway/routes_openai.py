@@ -56,7 +56,7 @@ class InferenceHandler:
 
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
-        self.forwarded = frozenset(h.lower() for h in gw.settings.request_id_headers) | {"traceparent", "tracestate"}
+        self.forwarded = frozenset(h.lower() for h in gw.cfg.gateway.request_id_headers) | {"traceparent", "tracestate"}
         self.counters: dict[tuple[str, int], Any] = {}
         pattern = gw.controller.cfg.programs.group_id_pattern
         self.group_pattern = re.compile(pattern) if pattern else None
@@ -65,8 +65,8 @@ class InferenceHandler:
         gw = self.gw
         status = 500
         try:
-            check_key(request, gw.settings.api_key, "API key")
-            raw = await read_body(request, gw.max_body)
+            check_key(request, gw.cfg.gateway.api_key, "API key")
+            raw = await read_body(request, gw.cfg.gateway.max_body_bytes)
             # ASGI header names are lower-case already; the scope's list is cheaper than Headers
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in request.scope["headers"]}
             inbound = parse_inbound(route, raw, headers, self.group_pattern)

@@ -18,7 +18,6 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -43,26 +42,11 @@ UPSTREAM_KEEPALIVE_S = 4.0
 log = logging.getLogger("thunder_sgl.gateway")
 
 
-@dataclass
-class Settings:
-    """Process-level settings (from the CLI), beside the policy's RouterConfig."""
-
-    worker_urls: list[str] = field(default_factory=list)
-    policy: str = "thunder"
-    api_key: str | None = None
-    admin_api_key: str | None = None
-    max_payload_size: int | None = None
-    instance_id: str = "thunder-router"
-    state_dir: str | None = None
-    request_id_headers: list[str] = field(default_factory=lambda: ["x-request-id", "x-correlation-id", "x-trace-id", "request-id"])
-
-
 class Gateway:
-    def __init__(self, config: RouterConfig, settings: Settings, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, config: RouterConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self.cfg = config
-        self.settings = settings
         self.clock = clock
-        self.controller = Controller(config, settings.policy)
+        self.controller = Controller(config, config.gateway.policy)
         self.metrics = GatewayMetrics(self)
         self.session: aiohttp.ClientSession | None = None  # health polls, engine control, aborts
         self.upstream = Pool(keepalive=UPSTREAM_KEEPALIVE_S)  # the inference requests (``upstream``)
@@ -94,7 +78,7 @@ class Gateway:
             self.cfg.monitor, self.session, self._on_worker_ready, self._on_worker_removed,
             headers=self.upstream_auth(), clock=self.clock, on_health=self._on_worker_health,
         )
-        for url in self.settings.worker_urls:
+        for url in self.cfg.gateway.worker_urls:
             self.monitor.add(url)
         self._loop_task = asyncio.get_running_loop().create_task(self._scheduler_loop(), name="thunder tick")
         for hook in self.on_start:
@@ -135,16 +119,13 @@ class Gateway:
         task.add_done_callback(done)
 
     @property
-    def max_body(self) -> int:
-        return self.settings.max_payload_size or self.cfg.gateway.max_body_bytes
-
-    @property
     def admin_key(self) -> str | None:
         """Admin routes need this key: the admin key if set, else the API key (else open)."""
-        return self.settings.admin_api_key or self.cfg.gateway.admin_api_key or self.settings.api_key
+        return self.cfg.gateway.admin_api_key or self.cfg.gateway.api_key
 
     def upstream_auth(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.settings.api_key}"} if self.settings.api_key else {}
+        key = self.cfg.gateway.api_key
+        return {"Authorization": f"Bearer {key}"} if key else {}
 
     # ---- workers ------------------------------------------------------------------------
     def kick(self) -> None:
