@@ -1,7 +1,8 @@
 """The gateway's runtime: controller + monitor + scheduler loop + held-request waiting.
 
 One ``Gateway`` per app (no module globals). It owns the inference path's connection pool to
-the workers (``upstream``), the aiohttp session of the other calls to them, the
+the workers (``upstream``) and the ``Proxy`` that forwards over it, the aiohttp session of the
+other calls to them, the
 ``Controller`` (programs, backends, policy), the ``Monitor`` and the scheduler loop task, which
 runs the policy's tick every Δt and, sooner, when a held or new program needs it. Held requests
 wait on futures that the loop resolves when their program is restored. ``rids`` indexes the
@@ -13,10 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +28,7 @@ from thunder_sgl.controller import Controller, Ticket, TickResult
 from thunder_sgl.errors import NotFound, Overloaded, ThunderError
 from thunder_sgl.gateway.aborted import RequestAborted
 from thunder_sgl.gateway.metrics import GatewayMetrics
+from thunder_sgl.gateway.proxy import Proxy
 from thunder_sgl.gateway.upstream import Pool
 from thunder_sgl.gateway.workers_client import WorkersClient
 from thunder_sgl.programs import Program, Usage
@@ -61,9 +61,9 @@ class Gateway:
         self._bg: set[asyncio.Task[Any]] = set()
         self.started_at = time.time()
         self.workers = WorkersClient(lambda: self.session, self.upstream_auth(), config.windows.control_timeout_seconds)
+        self.proxy = Proxy(self, self.upstream, config.gateway, self.upstream_auth(), self.metrics.upstream_errors,
+                           lambda: self.session)
         self.rids: dict[str, Ticket] = {}
-        self._rid_prefix = f"thunder-{uuid.uuid4().hex[:12]}-r"
-        self._rid_seq = itertools.count()
 
     # ---- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -156,8 +156,10 @@ class Gateway:
 
     # ---- request path -------------------------------------------------------------------
     async def acquire(self, t: Ticket, disconnected: Callable[[], Awaitable[Any]] | None = None) -> Backend:
-        """Submit ``t``; if held, wait until the scheduler dispatches it. Raises ThunderError
-        (4xx/5xx) or asyncio.CancelledError when the client goes away while held."""
+        """Index ``t`` by its rid (``rids``), submit it and, if held, wait until the scheduler
+        dispatches it. Raises ThunderError (4xx/5xx) or asyncio.CancelledError when the client
+        goes away while held; the caller then ``untrack``s it."""
+        self.track(t)
         now = self.clock()
         b = self.controller.submit(t, now)
         if b is not None:
@@ -185,10 +187,6 @@ class Gateway:
         self._dispatch(self.controller.finish(t, self.clock(), usage))
 
     # ---- request ids (for /abort_request) ---------------------------------------------
-    def new_rid(self) -> str:
-        """A request id unique to this router process (cheaper than uuid4 per request)."""
-        return f"{self._rid_prefix}{next(self._rid_seq)}"
-
     def track(self, t: Ticket) -> None:
         if t.rid is not None:
             self.rids[t.rid] = t
