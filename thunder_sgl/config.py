@@ -301,7 +301,32 @@ class MonitorConfig:
 
 @dataclass(frozen=True)
 class GatewayConfig:
-    """Request path limits."""
+    """The router process and its request path: workers, policy, keys, identity and limits.
+
+    ``thunder-router`` sets the process options from its command line (sglang_router's flags
+    and the ``--thunder-*`` ones, named under each field); a flag given wins over the YAML."""
+
+    worker_urls: tuple[str, ...] = ()
+    """Workers routed to from the start (``--worker-urls``); more join through ``POST /workers``."""
+
+    policy: str = "thunder"
+    """The program policy (``scheduler.policies``; ``--thunder-variant`` names one)."""
+
+    api_key: str | None = field(default=None, repr=False)
+    """Key of the inference, program and tool routes (``--api-key``), also sent to the workers
+    (they were started with it). None: those routes are open."""
+
+    instance_id: str | None = None
+    """Stable id of this router (``--thunder-instance-id``): labels its sandboxes, and a restart
+    with the same id sweeps what the last run left. None: ``thunder-<host>-<port>`` when
+    ``thunder-router`` starts it, ``thunder-router`` for a router built in process."""
+
+    state_dir: str | None = None
+    """Directory for router state, the sandboxes' working dirs (``--thunder-state-dir``)."""
+
+    request_id_headers: tuple[str, ...] = ("x-request-id", "x-correlation-id", "x-trace-id", "request-id")
+    """Client headers passed on to the worker (``--request-id-headers``), besides
+    ``traceparent`` and ``tracestate``."""
 
     max_held_requests: int = 10_000
     """Requests held for paused programs, all programs together; past this, 503 + Retry-After."""
@@ -310,7 +335,7 @@ class GatewayConfig:
     """Programs in the global waiting queue; past this, new programs get 503 + Retry-After."""
 
     max_body_bytes: int = 32 * 1024 * 1024
-    """Largest request body accepted (413 past it)."""
+    """Largest request body accepted (413 past it; ``--max-payload-size`` when given)."""
 
     held_timeout_seconds: float = 1800.0
     """A request held longer than this is answered 503 + Retry-After (the program stays queued)."""
@@ -324,9 +349,10 @@ class GatewayConfig:
     retry_after_seconds: float = 5.0
     """Value of Retry-After on 429/503."""
 
-    admin_api_key: str | None = None
-    """Key for admin routes (workers, flush, listing/releasing all programs). None: admin routes
-    use the --api-key if one is set, else are open (loopback deployments)."""
+    admin_api_key: str | None = field(default=None, repr=False)
+    """Key for admin routes (workers, flush, listing/releasing all programs;
+    ``--thunder-admin-api-key``). None: admin routes use ``api_key`` if one is set, else are
+    open (loopback deployments)."""
 
     def __post_init__(self) -> None:
         _check(self.max_held_requests >= 1, "gateway.max_held_requests must be >= 1")

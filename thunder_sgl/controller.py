@@ -256,7 +256,7 @@ class Controller:
             self.programs.pause(p, now)
             self.stats.pauses += 1
             self.kvrefs.left(p)
-        t.backend = t.dispatched_at = None
+        t.backend = t.dispatched_at = t.session_id = None
         self._kick = True
         return out
 
@@ -382,7 +382,8 @@ class Controller:
         return self.policy.gate.admits(p, estimate, self.backends.get(p.backend), self.programs.placed_on(p.backend))
 
     def session_for(self, t: Ticket) -> str | None:
-        """The ``session_id`` the dispatched ticket's request carries (``kvrefs``)."""
+        """The ``session_id`` a request of the dispatched ticket's program would carry now
+        (``kvrefs``); its own request carries ``t.session_id``, stamped at dispatch."""
         p, b = t.program, t.backend
         if p is None or b is None or self.programs.get(p.id) is not p:
             return None
@@ -398,6 +399,7 @@ class Controller:
         b.sent(now)
         self.kvrefs.dispatched(p, b)
         t.backend, t.dispatched_at = b, now
+        t.session_id = self.kvrefs.session_for(p, b)
         return b
 
     def _dispatch_stateless(self, t: Ticket, b: Backend, now: float) -> Backend:

@@ -121,13 +121,12 @@ def serve(args: argparse.Namespace, argv: Sequence[str]) -> None:
     import uvicorn
 
     from thunder_sgl.gateway.app import create_app
-    from thunder_sgl.gateway.runtime import Settings
 
     level = {"warn": "WARNING"}.get(args.log_level, (args.log_level or "info").upper())
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg_path = args.thunder_config or resolve_config_path("thunder")
     cfg = load_config(cfg_path)
-    overrides = {
+    overrides = {  # a flag given wins over the YAML
         "scheduler.tick_seconds": args.thunder_tick_seconds,
         "scheduler.decay_base": args.thunder_decay_base,
         "scheduler.lambda_max": args.thunder_lambda_max,
@@ -136,6 +135,14 @@ def serve(args: argparse.Namespace, argv: Sequence[str]) -> None:
         "programs.idle_timeout_seconds": args.thunder_idle_timeout_secs,
         "programs.group_id_pattern": args.thunder_group_id_pattern,
         "sandboxes.provider": args.thunder_sandbox_provider,
+        "gateway.worker_urls": list(args.worker_urls) if args.worker_urls else None,
+        "gateway.policy": VARIANTS[args.thunder_variant] if _explicit(argv, "--thunder-variant") else None,
+        "gateway.api_key": args.api_key,
+        "gateway.admin_api_key": args.thunder_admin_api_key or None,
+        "gateway.max_body_bytes": (args.max_payload_size or None) if _explicit(argv, "--max-payload-size") else None,
+        "gateway.instance_id": args.thunder_instance_id or None,
+        "gateway.state_dir": args.thunder_state_dir,
+        "gateway.request_id_headers": list(args.request_id_headers) if args.request_id_headers else None,
     }
     cfg = cfg.with_overrides({k: v for k, v in overrides.items() if v is not None}).scaled(args.thunder_time_scale)
 
@@ -143,20 +150,11 @@ def serve(args: argparse.Namespace, argv: Sequence[str]) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))
     port = sock.getsockname()[1]
-    settings = Settings(
-        worker_urls=list(args.worker_urls or []),
-        policy=VARIANTS[args.thunder_variant],
-        api_key=args.api_key,
-        admin_api_key=args.thunder_admin_api_key,
-        max_payload_size=args.max_payload_size if _explicit(argv, "--max-payload-size") else None,
-        instance_id=args.thunder_instance_id or f"thunder-{socket.gethostname()}-{port}",
-        state_dir=args.thunder_state_dir,
-    )
-    if args.request_id_headers:
-        settings.request_id_headers = list(args.request_id_headers)
-    app = create_app(cfg, settings)
+    if cfg.gateway.instance_id is None:
+        cfg = cfg.with_overrides({"gateway.instance_id": f"thunder-{socket.gethostname()}-{port}"})
+    app = create_app(cfg)
     logging.getLogger("thunder_sgl").info("args: %s", " ".join(redact(argv)))
-    print(f"thunder-router {__version__}: policy {settings.policy}, {len(settings.worker_urls)} worker(s), "
+    print(f"thunder-router {__version__}: policy {cfg.gateway.policy}, {len(cfg.gateway.worker_urls)} worker(s), "
           f"listening on http://{args.host}:{port}", flush=True)
     from thunder_sgl.gateway.serving import CoalescingHttpToolsProtocol
 

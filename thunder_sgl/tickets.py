@@ -4,7 +4,7 @@ it keeps (``Stats``) and what a tick did (``TickResult``)."""
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from thunder_sgl.backends.backend import Backend
@@ -20,9 +20,11 @@ def prefix_key_of(text: str) -> str:
 
 @dataclass(eq=False)
 class Ticket:
-    """One client request as the controller sees it."""
+    """One client request as the controller sees it. Every field but the program id is named
+    at construction."""
 
     program_id: str | None
+    _: KW_ONLY
     prompt_chars: int = 0
     """Size of the prompt text, to estimate tokens before usage is known."""
     prompt_tokens: int | None = None
@@ -41,7 +43,10 @@ class Ticket:
     waiter: Any = None
     """Free for the caller (an asyncio future in the gateway, an event in the DES)."""
     rid: str | None = None
-    """The engine's request id (the key of /abort_request), set by the gateway."""
+    """The engine's request id (the key of /abort_request), given by the gateway's route."""
+    session_id: str | None = None
+    """The ``session_id`` the request carries to its backend (``kvrefs``), stamped at dispatch;
+    None: it carries none."""
     window_mark: float = 0.0
     """``Windows.elapsed`` when the ticket was held: window time is not held time."""
 

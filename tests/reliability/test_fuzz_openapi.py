@@ -17,13 +17,12 @@ from hypothesis import HealthCheck, given, settings
 
 from thunder_sgl.config import RouterConfig
 from thunder_sgl.gateway.app import create_app
-from thunder_sgl.gateway.runtime import Settings
 
 TS = 50.0
 
 
 def _openapi() -> dict:
-    return create_app(RouterConfig(), Settings()).app.openapi()
+    return create_app(RouterConfig()).app.openapi()
 
 
 SCHEMA = schemathesis.openapi.from_dict(_openapi())

@@ -125,7 +125,7 @@ class ThunderRouter:
 
     def _dispatch(self, t: Ticket) -> Dispatch:
         i, rank = self.where[t.backend.key]  # type: ignore[union-attr]
-        return Dispatch(t.waiter, i, rank, self.ctl.session_for(t))
+        return Dispatch(t.waiter, i, rank, t.session_id)
 
     def after(self, now: float) -> None:
         """End of an instant of the simulation: drop the KV references the controller let go

@@ -26,7 +26,7 @@ from thunder_sgl.gateway.routes_engine import build_engine_router
 from thunder_sgl.gateway.routes_groups import build_groups_router
 from thunder_sgl.gateway.routes_openai import FastPath, InferenceHandler, build_inference_router
 from thunder_sgl.gateway.routes_programs import build_programs_router
-from thunder_sgl.gateway.runtime import Gateway, Settings
+from thunder_sgl.gateway.runtime import Gateway
 from thunder_sgl.gateway.tools import attach_sandboxes
 
 log = logging.getLogger("thunder_sgl.gateway")
@@ -34,8 +34,8 @@ log = logging.getLogger("thunder_sgl.gateway")
 STATUS_TYPES = {404: "not_found_error", 405: "invalid_request_error", 401: "authentication_error"}
 
 
-def create_app(config: RouterConfig, settings: Settings) -> FastPath:
-    gw = Gateway(config, settings)
+def create_app(config: RouterConfig) -> FastPath:
+    gw = Gateway(config)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -77,5 +77,5 @@ def create_app(config: RouterConfig, settings: Settings) -> FastPath:
     app.include_router(build_admin_router(gw, engines))
     app.include_router(build_engine_router(gw, engines))
     attach_sandboxes(app, gw)
-    app.add_middleware(BodyLimit, limit=gw.max_body)
+    app.add_middleware(BodyLimit, limit=gw.cfg.gateway.max_body_bytes)
     return FastPath(app, handler)

@@ -18,6 +18,8 @@ import orjson
 from thunder_sgl.controller import prefix_key_of
 from thunder_sgl.errors import BadRequest
 
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "generate": "/generate"}
+"""The inference routes and their paths, the same at the router and at the worker."""
 PROGRAM_ID_RE = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,256}$")
 PROGRAM_HEADERS = ("x-program-id", "x-smg-routing-key")
 GROUP_HEADER = "x-group-id"
@@ -27,7 +29,7 @@ PREFIX_PROBE_CHARS = 1024
 @dataclass
 class Inbound:
     route: str
-    """"chat", "completions" or "generate"."""
+    """"chat", "completions" or "generate" (``PATHS``)."""
     body: dict[str, Any]
     program_id: str | None
     stream: bool

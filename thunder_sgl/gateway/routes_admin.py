@@ -70,7 +70,7 @@ def build_admin_router(gw: Gateway, engines: EngineControl) -> APIRouter:
         c = gw.controller
         info: dict[str, Any] = {
             "router_manager": True, "routers_count": 1, "workers_count": len(monitor().workers),
-            "policy": gw.settings.policy, "programs": len(c.programs), "waiting_programs": c.programs.waiting_count,
+            "policy": gw.cfg.gateway.policy, "programs": len(c.programs), "waiting_programs": c.programs.waiting_count,
             "held_requests": c.held_count, "time_scale": gw.cfg.time_scale,
         }
         m = gw.sandboxes

@@ -54,7 +54,7 @@ def build_engine_router(gw: Gateway, ctl: EngineControl) -> APIRouter:
               methods: tuple[str, ...] = ("POST",)) -> None:
         async def endpoint(request: Request) -> JSONResponse:
             check_key(request, gw.admin_key, "admin key")
-            body = B.json_object(await read_body(request, gw.max_body))
+            body = B.json_object(await read_body(request, gw.cfg.gateway.max_body_bytes))
             out, status = await op(body)
             return JSONResponse(with_error(out, status), status_code=status)
 

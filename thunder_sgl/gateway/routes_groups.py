@@ -32,7 +32,7 @@ def build_groups_router(gw: Gateway) -> APIRouter:
 
     @router.get("/groups/{group_id}")
     async def get_group(request: Request, group_id: str) -> JSONResponse:
-        check_key(request, gw.settings.api_key, "API key")
+        check_key(request, gw.cfg.gateway.api_key, "API key")
         gid = check_program_id(group_id, "group id", "group_id")
         g = gw.controller.programs.groups.find(gid)
         if g is None:

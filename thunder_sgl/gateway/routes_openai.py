@@ -1,16 +1,19 @@
 """Inference routes: ``/v1/chat/completions``, ``/v1/completions``, ``/generate``.
 
-Each handler: read the body (size limit), parse and validate it (``inbound``), submit a
-``Ticket`` to the controller and wait while the program is held, then forward (``proxy``).
-Every request gets its engine request id (``rid``) here, so that ``/abort_request`` through
-the router finds it (``Gateway.rids``) while it is held or in flight.
+Each handler: read the body (size limit), parse and validate it (``inbound``), build the
+request's ``Ticket``, have the runtime dispatch it (``Gateway.acquire``: waits while the
+program is held), then forward it (``Proxy.forward``). Every request gets its engine request
+id (``rid``) here, from the one generator (``InferenceHandler.new_rid``), so that
+``/abort_request`` through the router finds it (``Gateway.rids``) while it is held or in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import re
+import uuid
 from functools import partial
 from typing import Any
 
@@ -20,10 +23,9 @@ from starlette.responses import Response, StreamingResponse
 
 from thunder_sgl.controller import Ticket
 from thunder_sgl.errors import ThunderError
-from thunder_sgl.gateway import proxy
 from thunder_sgl.gateway.aborted import RequestAborted, aborted_response
 from thunder_sgl.gateway.http import check_key, error_response, read_body, wait_disconnect
-from thunder_sgl.gateway.inbound import parse_inbound
+from thunder_sgl.gateway.inbound import PATHS, parse_inbound
 from thunder_sgl.gateway.runtime import Gateway
 
 _MSG = {"type": "object", "properties": {"role": {"type": "string"}, "content": {"type": ["string", "null"]}},
@@ -47,7 +49,6 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                                 "program_id": {"type": "string"}}},
 }
 log = logging.getLogger("thunder_sgl.gateway")
-PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "generate": "/generate"}
 
 
 class InferenceHandler:
@@ -56,7 +57,10 @@ class InferenceHandler:
 
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
-        self.forwarded = frozenset(h.lower() for h in gw.settings.request_id_headers) | {"traceparent", "tracestate"}
+        self.proxy = gw.proxy
+        self._rid_prefix = f"thunder-{uuid.uuid4().hex[:12]}-r"
+        self._rid_seq = itertools.count()
+        self.forwarded = frozenset(h.lower() for h in gw.cfg.gateway.request_id_headers) | {"traceparent", "tracestate"}
         self.counters: dict[tuple[str, int], Any] = {}
         pattern = gw.controller.cfg.programs.group_id_pattern
         self.group_pattern = re.compile(pattern) if pattern else None
@@ -65,29 +69,28 @@ class InferenceHandler:
         gw = self.gw
         status = 500
         try:
-            check_key(request, gw.settings.api_key, "API key")
-            raw = await read_body(request, gw.max_body)
+            check_key(request, gw.cfg.gateway.api_key, "API key")
+            raw = await read_body(request, gw.cfg.gateway.max_body_bytes)
             # ASGI header names are lower-case already; the scope's list is cheaper than Headers
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in request.scope["headers"]}
             inbound = parse_inbound(route, raw, headers, self.group_pattern)
-            t = Ticket(inbound.program_id, inbound.prompt_chars, inbound.prompt_tokens,
-                       inbound.prefix_key, inbound.prefix_chars, inbound.group_id, inbound.group_chars)
-            if "rid" not in inbound.body:
-                inbound.body["rid"] = gw.new_rid()
-            if isinstance(inbound.body["rid"], str):
-                t.rid = inbound.body["rid"]
-                gw.track(t)
+            rid = inbound.body.get("rid")
+            if not isinstance(rid, str) or not rid:
+                rid = inbound.body["rid"] = self.new_rid()
+            t = Ticket(inbound.program_id, prompt_chars=inbound.prompt_chars, prompt_tokens=inbound.prompt_tokens,
+                       prefix_key=inbound.prefix_key, prefix_chars=inbound.prefix_chars,
+                       group_id=inbound.group_id, group_chars=inbound.group_chars, rid=rid)
             disconnected = partial(wait_disconnect, request)
             resp: Response | None = None
             try:
                 await gw.acquire(t, disconnected)
                 extra = {k: v for k, v in headers.items() if k in self.forwarded}
-                resp = await proxy.forward(gw, inbound, t, extra, disconnected)
+                resp = await self.proxy.forward(inbound, t, extra, disconnected)
             except asyncio.CancelledError:
                 status = 499  # client closed the request
                 return Response(status_code=499)
             except RequestAborted:
-                resp = aborted_response(route, inbound.stream, inbound.include_usage, t.rid or "", inbound.body.get("model"))
+                resp = aborted_response(route, inbound.stream, inbound.include_usage, rid, inbound.body.get("model"))
             finally:
                 if not isinstance(resp, StreamingResponse):
                     gw.untrack(t)  # a stream's relay finishes the ticket (Gateway.finish) when it ends
@@ -98,6 +101,10 @@ class InferenceHandler:
             raise
         finally:
             self._count(route, status)
+
+    def new_rid(self) -> str:
+        """A request id unique to this router process (cheaper than uuid4 per request)."""
+        return f"{self._rid_prefix}{next(self._rid_seq)}"
 
     def _count(self, route: str, status: int) -> None:
         c = self.counters.get((route, status))

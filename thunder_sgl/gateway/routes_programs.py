@@ -85,7 +85,7 @@ def build_programs_router(gw: Gateway) -> APIRouter:
 
     @router.get("/programs/{program_id}")
     async def get_program(request: Request, program_id: str) -> JSONResponse:
-        check_key(request, gw.settings.api_key, "API key")
+        check_key(request, gw.cfg.gateway.api_key, "API key")
         pid = check_program_id(program_id, "program id")
         p = gw.controller.programs.get(pid)
         if p is None:
@@ -99,13 +99,13 @@ def build_programs_router(gw: Gateway) -> APIRouter:
 
     @router.post("/programs/{program_id}/release")
     async def release(request: Request, program_id: str) -> JSONResponse:
-        check_key(request, gw.settings.api_key, "API key")
+        check_key(request, gw.cfg.gateway.api_key, "API key")
         return await _release(check_program_id(program_id, "program id"))
 
     @router.post("/programs/release", openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": RELEASE_SCHEMA}}}})
     async def release_by_body(request: Request) -> JSONResponse:
         """ThunderAgent-compatible release: ``{"program_id": ...}``."""
-        check_key(request, gw.settings.api_key, "API key")
+        check_key(request, gw.cfg.gateway.api_key, "API key")
         raw = await read_body(request, 65536)
         try:
             body = orjson.loads(raw)

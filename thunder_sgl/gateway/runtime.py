@@ -1,7 +1,8 @@
 """The gateway's runtime: controller + monitor + scheduler loop + held-request waiting.
 
 One ``Gateway`` per app (no module globals). It owns the inference path's connection pool to
-the workers (``upstream``), the aiohttp session of the other calls to them, the
+the workers (``upstream``) and the ``Proxy`` that forwards over it, the aiohttp session of the
+other calls to them, the
 ``Controller`` (programs, backends, policy), the ``Monitor`` and the scheduler loop task, which
 runs the policy's tick every Δt and, sooner, when a held or new program needs it. Held requests
 wait on futures that the loop resolves when their program is restored. ``rids`` indexes the
@@ -13,12 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -30,6 +28,7 @@ from thunder_sgl.controller import Controller, Ticket, TickResult
 from thunder_sgl.errors import NotFound, Overloaded, ThunderError
 from thunder_sgl.gateway.aborted import RequestAborted
 from thunder_sgl.gateway.metrics import GatewayMetrics
+from thunder_sgl.gateway.proxy import Proxy
 from thunder_sgl.gateway.upstream import Pool
 from thunder_sgl.gateway.workers_client import WorkersClient
 from thunder_sgl.programs import Program, Usage
@@ -43,26 +42,11 @@ UPSTREAM_KEEPALIVE_S = 4.0
 log = logging.getLogger("thunder_sgl.gateway")
 
 
-@dataclass
-class Settings:
-    """Process-level settings (from the CLI), beside the policy's RouterConfig."""
-
-    worker_urls: list[str] = field(default_factory=list)
-    policy: str = "thunder"
-    api_key: str | None = None
-    admin_api_key: str | None = None
-    max_payload_size: int | None = None
-    instance_id: str = "thunder-router"
-    state_dir: str | None = None
-    request_id_headers: list[str] = field(default_factory=lambda: ["x-request-id", "x-correlation-id", "x-trace-id", "request-id"])
-
-
 class Gateway:
-    def __init__(self, config: RouterConfig, settings: Settings, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, config: RouterConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self.cfg = config
-        self.settings = settings
         self.clock = clock
-        self.controller = Controller(config, settings.policy)
+        self.controller = Controller(config, config.gateway.policy)
         self.metrics = GatewayMetrics(self)
         self.session: aiohttp.ClientSession | None = None  # health polls, engine control, aborts
         self.upstream = Pool(keepalive=UPSTREAM_KEEPALIVE_S)  # the inference requests (``upstream``)
@@ -77,9 +61,9 @@ class Gateway:
         self._bg: set[asyncio.Task[Any]] = set()
         self.started_at = time.time()
         self.workers = WorkersClient(lambda: self.session, self.upstream_auth(), config.windows.control_timeout_seconds)
+        self.proxy = Proxy(self, self.upstream, config.gateway, self.upstream_auth(), self.metrics.upstream_errors,
+                           lambda: self.session)
         self.rids: dict[str, Ticket] = {}
-        self._rid_prefix = f"thunder-{uuid.uuid4().hex[:12]}-r"
-        self._rid_seq = itertools.count()
 
     # ---- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -94,7 +78,7 @@ class Gateway:
             self.cfg.monitor, self.session, self._on_worker_ready, self._on_worker_removed,
             headers=self.upstream_auth(), clock=self.clock, on_health=self._on_worker_health,
         )
-        for url in self.settings.worker_urls:
+        for url in self.cfg.gateway.worker_urls:
             self.monitor.add(url)
         self._loop_task = asyncio.get_running_loop().create_task(self._scheduler_loop(), name="thunder tick")
         for hook in self.on_start:
@@ -135,16 +119,13 @@ class Gateway:
         task.add_done_callback(done)
 
     @property
-    def max_body(self) -> int:
-        return self.settings.max_payload_size or self.cfg.gateway.max_body_bytes
-
-    @property
     def admin_key(self) -> str | None:
         """Admin routes need this key: the admin key if set, else the API key (else open)."""
-        return self.settings.admin_api_key or self.cfg.gateway.admin_api_key or self.settings.api_key
+        return self.cfg.gateway.admin_api_key or self.cfg.gateway.api_key
 
     def upstream_auth(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.settings.api_key}"} if self.settings.api_key else {}
+        key = self.cfg.gateway.api_key
+        return {"Authorization": f"Bearer {key}"} if key else {}
 
     # ---- workers ------------------------------------------------------------------------
     def kick(self) -> None:
@@ -175,8 +156,10 @@ class Gateway:
 
     # ---- request path -------------------------------------------------------------------
     async def acquire(self, t: Ticket, disconnected: Callable[[], Awaitable[Any]] | None = None) -> Backend:
-        """Submit ``t``; if held, wait until the scheduler dispatches it. Raises ThunderError
-        (4xx/5xx) or asyncio.CancelledError when the client goes away while held."""
+        """Index ``t`` by its rid (``rids``), submit it and, if held, wait until the scheduler
+        dispatches it. Raises ThunderError (4xx/5xx) or asyncio.CancelledError when the client
+        goes away while held; the caller then ``untrack``s it."""
+        self.track(t)
         now = self.clock()
         b = self.controller.submit(t, now)
         if b is not None:
@@ -204,10 +187,6 @@ class Gateway:
         self._dispatch(self.controller.finish(t, self.clock(), usage))
 
     # ---- request ids (for /abort_request) ---------------------------------------------
-    def new_rid(self) -> str:
-        """A request id unique to this router process (cheaper than uuid4 per request)."""
-        return f"{self._rid_prefix}{next(self._rid_seq)}"
-
     def track(self, t: Ticket) -> None:
         if t.rid is not None:
             self.rids[t.rid] = t

@@ -27,6 +27,9 @@ from thunder_sgl.sandboxes import SandboxManager, open_provider
 
 log = logging.getLogger("thunder_sgl.tools")
 SWEEP_EVERY_SECONDS = 60.0
+IN_PROCESS_INSTANCE = "thunder-router"
+"""The instance id of a router built in process with none configured (``thunder-router``
+names its own: ``gateway.instance_id``)."""
 
 
 class GatewayHooks:
@@ -50,16 +53,17 @@ class GatewayHooks:
 
 def attach_sandboxes(app: FastAPI, gw: Gateway) -> SandboxManager | None:
     cfg = gw.cfg.sandboxes
-    state = Path(gw.settings.state_dir) if gw.settings.state_dir else None
-    provider = open_provider(cfg, gw.settings.instance_id)
+    state = Path(gw.cfg.gateway.state_dir) if gw.cfg.gateway.state_dir else None
+    instance = gw.cfg.gateway.instance_id or IN_PROCESS_INSTANCE
+    provider = open_provider(cfg, instance)
     if provider is None and cfg.provider == "none":
         log.info("sandboxes disabled (sandboxes.provider: none)")
-    manager = SandboxManager(cfg, provider, gw.settings.instance_id,
+    manager = SandboxManager(cfg, provider, instance,
                              state_path=state / "sandbox-resources.json" if state else None)
     gw.sandboxes = manager
 
     def api_key(request: Request) -> None:
-        check_key(request, gw.settings.api_key, "API key")
+        check_key(request, gw.cfg.gateway.api_key, "API key")
 
     app.include_router(build_sandbox_router(manager, GatewayHooks(gw)), dependencies=[Depends(api_key)])
 
@@ -98,7 +102,7 @@ def attach_sandboxes(app: FastAPI, gw: Gateway) -> SandboxManager | None:
             try:
                 n = await manager.sweep_orphans([p.id for p in gw.controller.programs])
                 if n:
-                    log.warning("swept %d orphaned sandbox resource(s) of instance %s", n, gw.settings.instance_id)
+                    log.warning("swept %d orphaned sandbox resource(s) of instance %s", n, instance)
             except Exception:
                 log.exception("sandbox sweep failed")
             await asyncio.sleep(SWEEP_EVERY_SECONDS)

@@ -7,7 +7,7 @@ import time
 
 from thunder_sgl.config import RouterConfig
 from thunder_sgl.controller import Ticket
-from thunder_sgl.gateway.runtime import Gateway, Settings
+from thunder_sgl.gateway.runtime import Gateway
 from thunder_sgl.sim import ScaledClock, SimWorker
 from thunder_sgl.sim.config import load_sim_config
 from thunder_sgl.sim.server import serve
@@ -17,8 +17,9 @@ async def test_a_request_held_while_its_worker_was_down_goes_out_when_the_worker
     """Polls every 0.2 s, ticks every 5 s: the request must leave with the first good poll,
     not with the next periodic tick."""
     rw = await serve(SimWorker(load_sim_config("tiny")), ScaledClock(10.0))
-    cfg = RouterConfig().with_overrides({"monitor.poll_interval_seconds": 0.2, "scheduler.tick_seconds": 5.0})
-    gw = Gateway(cfg, Settings(worker_urls=[rw.url]))
+    cfg = RouterConfig().with_overrides({"monitor.poll_interval_seconds": 0.2, "scheduler.tick_seconds": 5.0,
+                                         "gateway.worker_urls": [rw.url]})
+    gw = Gateway(cfg)
     await gw.start()
     try:
         for _ in range(200):
