@@ -340,7 +340,7 @@ class GatewayConfig:
 
 @dataclass(frozen=True)
 class WindowConfig:
-    """Weight-update windows and the engine control routes (``thunder_sgl.windows``)."""
+    """Weight-update windows and the engine control routes (``thunder_sgl.control.windows``)."""
 
     max_window_seconds: float = 1800.0
     """A window open longer than this is closed by the router, so a trainer that died

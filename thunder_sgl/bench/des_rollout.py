@@ -37,8 +37,8 @@ from thunder_sgl.bench.rollout import (
     group_measures,
     task_specs,
 )
+from thunder_sgl.control.windows import Reason
 from thunder_sgl.sim import Completion, control
-from thunder_sgl.windows import Reason
 
 WINDOW_OPEN, WINDOW_CLOSE = 2, 3
 

@@ -27,7 +27,8 @@ from thunder_sgl.backends.parse import (
 )
 from thunder_sgl.bench.baselines import Policy, RouteRequest
 from thunder_sgl.config import RouterConfig
-from thunder_sgl.controller import Controller, Ticket, prefix_key_of
+from thunder_sgl.control.controller import Controller
+from thunder_sgl.control.tickets import Ticket, prefix_key_of
 from thunder_sgl.errors import ThunderError
 from thunder_sgl.programs import Usage
 from thunder_sgl.sim import Completion, SimWorker

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from thunder_sgl.controller import prefix_key_of
+from thunder_sgl.control.tickets import prefix_key_of
 from thunder_sgl.errors import BadRequest
 
 PROGRAM_ID_RE = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,256}$")

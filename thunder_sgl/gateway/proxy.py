@@ -27,7 +27,7 @@ import orjson
 from starlette.responses import Response
 
 from thunder_sgl.backends.backend import Backend
-from thunder_sgl.controller import Ticket
+from thunder_sgl.control.tickets import Ticket
 from thunder_sgl.errors import ThunderError, UpstreamError
 from thunder_sgl.gateway.inbound import Inbound
 from thunder_sgl.gateway.runtime import Gateway

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from thunder_sgl.backends.backend import Backend
+from thunder_sgl.control.windows import Closed
 from thunder_sgl.programs import Program
 from thunder_sgl.scheduler import Decisions
-from thunder_sgl.windows import Closed
 
 
 def prefix_key_of(text: str) -> str:

@@ -33,16 +33,15 @@ from collections.abc import Iterable
 
 from thunder_sgl.backends.backend import Backend
 from thunder_sgl.config import RouterConfig, SchedulerConfig
+from thunder_sgl.control.kvrefs import KVRefs
+from thunder_sgl.control.tickets import Stats, Ticket, TickResult
+from thunder_sgl.control.windows import Windows
 from thunder_sgl.errors import BadRequest, Conflict, NoBackend, NotFound, Overloaded
-from thunder_sgl.groups import GroupTable
-from thunder_sgl.kvrefs import KVRefs
-from thunder_sgl.programs import Program, ProgramState, ProgramTable, Usage
+from thunder_sgl.programs import GroupTable, Program, ProgramState, ProgramTable, Usage
 from thunder_sgl.scheduler import Decisions, apply, least_loaded, make_policy
 from thunder_sgl.smoothing import ema
-from thunder_sgl.tickets import Stats, Ticket, TickResult, prefix_key_of
-from thunder_sgl.windows import Windows
 
-__all__ = ["Controller", "Stats", "Ticket", "TickResult", "prefix_key_of"]
+__all__ = ["Controller"]
 
 
 log = logging.getLogger("thunder_sgl.admission")

@@ -19,7 +19,7 @@ import enum
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from thunder_sgl.groups import Group, GroupTable
+from thunder_sgl.programs.groups import Group, GroupTable
 from thunder_sgl.smoothing import ema
 
 
