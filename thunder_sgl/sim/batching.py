@@ -1,4 +1,5 @@
-"""Admission and retraction of one engine, as SGLang 0.5's scheduler does them.
+"""Batch admission and retraction of one engine (what joins the running batch, what leaves it),
+as SGLang 0.5's scheduler does them.
 
 ``schedule_prefill`` is the PrefillAdder under the FCFS policy: the queue head is admitted when
 ``extend + min(max_new − out, clip)`` fits in ``free + evictable − reserve`` (reserve =
