@@ -35,7 +35,7 @@ class Command:
     """Called with the parsed arguments and the subcommand's raw argv (for command.txt)."""
     own_signals: bool = False
     """The command handles SIGINT and SIGTERM itself (``engine serve``); the others run inside
-    ``procs.stop_children_on_signals``: a signal stops every process they started at once."""
+    ``children.stop_children_on_signals``: a signal stops every process they started at once."""
 
 
 def _sim_main(argv: list[str]) -> int:
@@ -275,19 +275,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    from thunder_sgl.bench import procs
+    from thunder_sgl import children
 
     cmd = COMMANDS[args.command]
     if cmd.own_signals:
         signal.signal(signal.SIGTERM, _interrupt)
         stopping: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     else:  # Ctrl-C or SIGTERM: every process started is stopped within seconds, whatever we are doing
-        stopping = procs.stop_children_on_signals()
+        stopping = children.stop_children_on_signals()
     try:
         with stopping:
             return cmd.run(args, argv[1:])
     except KeyboardInterrupt:
-        procs.stop_all()
+        children.stop_all()
         print("\ninterrupted: every process started was stopped", file=sys.stderr)
         return 130
 

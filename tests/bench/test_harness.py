@@ -16,8 +16,8 @@ import pytest
 
 from thunder_sgl.bench.harness import BenchSpec, run_bench
 from thunder_sgl.bench.harness_progress import QuietProgress
-from thunder_sgl.bench.procs import http_ok
 from thunder_sgl.bench.report import FAILED, load_results
+from thunder_sgl.children import http_ok
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,20 +9,16 @@ import pytest
 from thunder_sgl.bench.conversation import (
     Conversation,
     StreamAccumulator,
+    instance_text,
+    observation_text,
     parse_response,
     program_headers,
     release_unsupported,
     render_prompt,
-)
-from thunder_sgl.bench.textgen import (
-    CHARS_PER_TOKEN,
-    estimate_tokens,
-    instance_text,
-    observation_text,
     system_prompt,
-    text,
 )
 from thunder_sgl.bench.workload import load_profile, program_at
+from thunder_sgl.textgen import CHARS_PER_TOKEN, estimate_tokens, text
 
 
 @pytest.mark.parametrize("n", [1, 17, 300, 1500, 6000])

@@ -4,8 +4,7 @@
 - ``workload``: ``WorkloadProfile`` (``configs/workloads/*.yaml``) and the deterministic program
   generator (``program_at``, ``generate_programs``, ``ProgramSource``), shared by the HTTP driver,
   the locust file and a discrete-event simulation.
-- ``textgen``: deterministic text of a given token count (system prompt, task, observations).
-- ``conversation``: one program's requests and the parsing of responses (no I/O).
+- ``conversation``: one program's texts and requests, and the parsing of responses (no I/O).
 - ``driver``: ``run_workload``, the async closed-loop driver.
 - ``stats``: step and program records, and the measures (steps/min, KV hit rate, latencies).
 

@@ -1,4 +1,5 @@
-"""One program's conversation on the wire: request bodies, headers and usage parsing (no I/O).
+"""One program's conversation on the wire: its texts (system prompt, task, observations, from
+``thunder_sgl.textgen``), request bodies, headers and usage parsing (no I/O).
 
 Shared by the asyncio driver and the locust user, so both send exactly the same bytes. The
 conversation is append-only: each request's messages extend the previous request's by the
@@ -16,9 +17,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from thunder_sgl.bench.textgen import instance_text, observation_text
 from thunder_sgl.bench.workload import ProgramSpec
 from thunder_sgl.programs import Usage
+from thunder_sgl.textgen import text
 
 APIS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 """Supported OpenAI APIs → path."""
@@ -44,6 +45,30 @@ def release_unsupported(status: int, body: bytes) -> bool:
         return not (isinstance(doc := json.loads(body), dict) and "error" in doc)
     except ValueError:
         return True
+
+
+def system_prompt(profile_name: str, n_tokens: int) -> str:
+    """The profile's shared system prompt: identical for every program of the profile."""
+    return text(
+        n_tokens, f"system:{profile_name}", head=f"You are {profile_name}, a software agent.\n"
+    )
+
+
+def instance_text(spec: ProgramSpec) -> str:
+    """The first user message of ``spec`` (its task)."""
+    return text(
+        spec.instance_tokens, f"instance:{spec.program_id}", head=f"Task {spec.program_id}:\n"
+    )
+
+
+def observation_text(spec: ProgramSpec, step: int) -> str:
+    """The tool observation appended after LLM call ``step`` of ``spec``."""
+    s = spec.steps[step]
+    return text(
+        s.observation_tokens,
+        f"obs:{spec.program_id}:{step}",
+        head=f"<output step={step} tool={s.tool}>\n",
+    )
 
 
 class Conversation:

@@ -34,9 +34,9 @@ from thunder_sgl.bench.conversation import (
     parse_response,
     release_path,
     release_unsupported,
+    system_prompt,
 )
 from thunder_sgl.bench.stats import ProgramRecord, StepRecord, WorkloadResult
-from thunder_sgl.bench.textgen import system_prompt
 from thunder_sgl.bench.workload import (
     ProgramSource,
     ProgramSpec,

@@ -44,12 +44,13 @@ from thunder_sgl.bench.harness_measures import (
     recompute_tokens,
     timing_model_check,
 )
-from thunder_sgl.bench.procs import Proc, start_sim, start_stock, start_thunder
+from thunder_sgl.bench.peers import start_sim, start_stock, start_thunder
 from thunder_sgl.bench.report import FAILED
 from thunder_sgl.bench.results import DIRECT, RunResult
 from thunder_sgl.bench.sampler import NodeSampler, clean_cluster, loads, scrape
 from thunder_sgl.bench.stats import WorkloadResult
 from thunder_sgl.bench.workload import WorkloadProfile
+from thunder_sgl.children import Proc
 from thunder_sgl.gateway.metrics import ADMISSION_GAUGES
 from thunder_sgl.scheduler.goodput import summarize as summarize_admission
 

@@ -35,7 +35,8 @@ import aiohttp
 import orjson
 import psutil
 
-from thunder_sgl.bench.procs import Proc, start_sim, start_stock, start_thunder
+from thunder_sgl.bench.peers import start_sim, start_stock, start_thunder
+from thunder_sgl.children import Proc
 
 BODY = {"model": "sim", "max_tokens": 8, "messages": [
     {"role": "system", "content": "You are a careful software engineer. " * 12},

@@ -35,8 +35,9 @@ import aiohttp
 import psutil
 
 from thunder_sgl.bench.driver import DriverOptions, run_workload
-from thunder_sgl.bench.procs import Proc, start_sim, start_thunder
+from thunder_sgl.bench.peers import start_sim, start_thunder
 from thunder_sgl.bench.workload import StepSpec, load_profile, mean_context_tokens
+from thunder_sgl.children import Proc
 from thunder_sgl.sim import load_sim_config
 
 FAULTS = ("crash", "silence", "slow", "flaky", "drop")

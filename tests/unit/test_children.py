@@ -1,4 +1,4 @@
-"""procs: every process started is stopped, by a signal or at exit, whatever the main thread
+"""children: every process started is stopped, by a signal or at exit, whatever the main thread
 is doing, a process group that ignores SIGTERM included."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from thunder_sgl.bench import procs
+from thunder_sgl import children
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,15 +50,15 @@ def _wait_for(pred, timeout: float) -> bool:  # noqa: ANN001
 def test_stop_all_kills_a_group_deaf_to_sigterm(tmp_path, monkeypatch):
     tag = f"{os.getpid()}-stop-all"
     monkeypatch.setenv("THUNDER_TEST_TAG", tag)
-    p, _ = procs._spawn("stubborn", [sys.executable, "-c", STUBBORN], tmp_path)
+    p, _ = children.spawn("stubborn", [sys.executable, "-c", STUBBORN], tmp_path)
     try:
-        assert p.pid in procs._STARTED
+        assert p.pid in children._STARTED
         assert _wait_for(lambda: len(_tagged(tag)) == 2, 60), "the stubborn group did not start"
         t0 = time.monotonic()
-        procs.stop_all(grace_s=0.5)
+        children.stop_all(grace_s=0.5)
         assert time.monotonic() - t0 < 10
         assert _wait_for(lambda: not _tagged(tag), 10), [x.pid for x in _tagged(tag)]
-        assert p.pid not in procs._STARTED and p.returncode == -signal.SIGKILL
+        assert p.pid not in children._STARTED and p.returncode == -signal.SIGKILL
     finally:
         for x in _tagged(tag):
             with contextlib.suppress(psutil.Error):
@@ -69,7 +69,7 @@ def test_a_signal_during_a_start_is_handled_once_the_child_is_registered():
     """Ctrl-C inside ``Popen`` (after the fork) would leave the child unknown, in its own
     session, running forever: the interrupt waits for the end of the start."""
     reached = False
-    with pytest.raises(KeyboardInterrupt), procs._signals_deferred():
+    with pytest.raises(KeyboardInterrupt), children._signals_deferred():
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.2)  # the handler would have run here
         reached = True
@@ -85,9 +85,9 @@ def test_a_signal_stops_every_child_even_when_the_main_thread_never_unwinds(tmp_
     tag = f"{os.getpid()}-watch-{sig}"
     script = textwrap.dedent(f"""
         import sys, time
-        from thunder_sgl.bench import procs
-        with procs.stop_children_on_signals(grace_s=1.0, exit_after_s=4.0):
-            procs._spawn("stubborn", [sys.executable, "-c", {STUBBORN!r}], {str(tmp_path)!r})
+        from thunder_sgl import children
+        with children.stop_children_on_signals(grace_s=1.0, exit_after_s=4.0):
+            children.spawn("stubborn", [sys.executable, "-c", {STUBBORN!r}], {str(tmp_path)!r})
             while True:
                 try:
                     time.sleep(0.1)
@@ -124,15 +124,15 @@ def test_a_signal_that_the_main_thread_unwinds_stops_the_children_and_leaves_not
     monkeypatch.setenv("THUNDER_TEST_TAG", tag)
     term = signal.getsignal(signal.SIGTERM)
     try:
-        with pytest.raises(KeyboardInterrupt), procs.stop_children_on_signals(grace_s=0.5, exit_after_s=60):
-            assert signal.getsignal(signal.SIGTERM) is procs._sigterm_as_sigint
-            procs._spawn("stubborn", [sys.executable, "-c", STUBBORN], tmp_path)
+        with pytest.raises(KeyboardInterrupt), children.stop_children_on_signals(grace_s=0.5, exit_after_s=60):
+            assert signal.getsignal(signal.SIGTERM) is children._sigterm_as_sigint
+            children.spawn("stubborn", [sys.executable, "-c", STUBBORN], tmp_path)
             assert _wait_for(lambda: len(_tagged(tag)) == 2, 60), "the stubborn group did not start"
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(10)  # the KeyboardInterrupt ends this
         assert _wait_for(lambda: not _tagged(tag), 10), [x.pid for x in _tagged(tag)]
         assert signal.getsignal(signal.SIGTERM) is term and signal.set_wakeup_fd(-1) == -1
-        assert not procs._interrupted.is_set()
+        assert not children._interrupted.is_set()
     finally:
         for x in _tagged(tag):
             with contextlib.suppress(psutil.Error):

@@ -6,18 +6,17 @@ The workload states sizes in tokens; requests carry text. We assume ~4 character
 token counts come from the server's ``usage``; nothing downstream relies on this estimate
 being exact.
 
-Text is a pure function of its key: the system prompt is keyed by the profile name only, so it
-is byte-identical across the profile's programs (prefix caches share it); an instance or an
-observation is keyed by program id (and step), and starts with a line naming them, so two
-programs share nothing past the system prompt.
+Text is a pure function of its key. The benchmark's programs key their system prompt by the
+profile name only (byte-identical across the profile's programs, so prefix caches share it), an
+instance or an observation by program id and step (``benchmark`` workloads, ``conversation``);
+the real engine's tokenizer is trained on the same words (``engine.models``), so a token there
+is ≈ 4 characters too.
 """
 
 from __future__ import annotations
 
 import math
 import random
-
-from thunder_sgl.bench.workload import ProgramSpec
 
 CHARS_PER_TOKEN = 4
 """Characters per token assumed when turning a token count into text."""
@@ -60,27 +59,3 @@ def text(n_tokens: int, key: str, head: str = "") -> str:
     body = "".join(parts)[:size]
     # A trailing separator would be stripped by some clients; end on a full stop instead.
     return body[:-1] + "." if body[-1].isspace() else body
-
-
-def system_prompt(profile_name: str, n_tokens: int) -> str:
-    """The profile's shared system prompt: identical for every program of the profile."""
-    return text(
-        n_tokens, f"system:{profile_name}", head=f"You are {profile_name}, a software agent.\n"
-    )
-
-
-def instance_text(spec: ProgramSpec) -> str:
-    """The first user message of ``spec`` (its task)."""
-    return text(
-        spec.instance_tokens, f"instance:{spec.program_id}", head=f"Task {spec.program_id}:\n"
-    )
-
-
-def observation_text(spec: ProgramSpec, step: int) -> str:
-    """The tool observation appended after LLM call ``step`` of ``spec``."""
-    s = spec.steps[step]
-    return text(
-        s.observation_tokens,
-        f"obs:{spec.program_id}:{step}",
-        head=f"<output step={step} tool={s.tool}>\n",
-    )

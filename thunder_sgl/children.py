@@ -1,11 +1,15 @@
-"""Start and stop the real processes of a run: simulated workers and the routers under test.
+"""The child processes this process starts: each in its own process group, its log in a file,
+registered until it is stopped, and stopped on a signal or at exit whatever the main thread is
+doing.
 
-Used by the benchmark harness, the overhead benchmark, the demo, the soak and the tests, so
-that every one of them launches the peers the same way: on free ports (port 0), with their
-logs in a file, in their own process group so that stopping one also stops its children.
+Used by the real engines (``engine.serve``), the ``thunder-sgl`` commands and the benchmark's
+peers (the simulated workers and the routers under test of a run), so that every one of them
+launches processes the same way: on free ports (port 0), with their logs in a file, in their
+own process group so that stopping one also stops its children.
 
-Being in their own session, the peers never see the Ctrl-C of a terminal: whoever started them
-stops them. Every process started here is registered (``_STARTED``) until it is stopped, and
+Being in their own session, the children never see the Ctrl-C of a terminal: whoever started
+them stops them. Every process started here (``spawn``) is registered (``_STARTED``) until it
+is stopped, and
 
 - ``stop_all`` (also run at exit) stops every registered process group still there;
 - inside ``stop_children_on_signals`` (around the ``thunder-sgl`` commands), SIGINT and
@@ -14,7 +18,7 @@ stops them. Every process started here is registered (``_STARTED``) until it is 
   group at the signal, SIGKILL to what is left ``grace_s`` later, and an exit with status 130
   (after a dump of every thread's stack) if the process is still there ``exit_after_s`` later.
   The main thread still gets its ``KeyboardInterrupt`` (or, inside ``asyncio.run``, the
-  cancellation of its main task) and unwinds as before, finding its peers already stopped.
+  cancellation of its main task) and unwinds as before, finding its children already stopped.
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import faulthandler
-import json
 import os
 import signal
 import socket
@@ -76,7 +79,7 @@ class Proc:
 
 
 _STARTED: dict[int, subprocess.Popen[bytes]] = {}
-"""Every process started by ``_spawn`` and not yet stopped, by pid; each leads its own process
+"""Every process started by ``spawn`` and not yet stopped, by pid; each leads its own process
 group. Plain dict operations (atomic under the GIL): read by the signal thread."""
 _interrupted = threading.Event()
 """Set at the first SIGINT or SIGTERM inside ``stop_children_on_signals``: a process that starts
@@ -235,7 +238,7 @@ def _signals_deferred() -> Iterator[None]:
                 signal.raise_signal(n)
 
 
-def _spawn(name: str, argv: list[str], log_dir: Path | None, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], Path]:
+def spawn(name: str, argv: list[str], log_dir: Path | None, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], Path]:
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="thunder-logs-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
@@ -284,63 +287,3 @@ def wait_until(pred, timeout: float, what: str, proc: Proc | None = None, interv
     if proc is not None:
         proc.stop()
     raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{tail}")
-
-
-def start_sim(config: str, workers: int = 1, time_scale: float = 1.0, seed: int = 0,
-              extra: list[str] | None = None, log_dir: Path | None = None, timeout: float = 60.0,
-              port: int = 0, name: str = "sim") -> Proc:
-    """``python -m thunder_sgl.sim`` with N workers on free ports (or from ``port`` on, e.g. to
-    restart a crashed worker where its router expects it); waits until all listen."""
-    ready = Path(tempfile.mkdtemp(prefix="thunder-sim-")) / "ready.json"
-    argv = [sys.executable, "-m", "thunder_sgl.sim", "--config", config, "--workers", str(workers),
-            "--base-port", str(port), "--host", "127.0.0.1", "--time-scale", str(time_scale), "--seed", str(seed),
-            "--ready-file", str(ready), *(extra or [])]
-    p, log = _spawn(name, argv, log_dir)
-    proc = Proc(name, p, "", log)
-    wait_until(ready.exists, timeout, "the simulated workers", proc)
-    time.sleep(0.05)
-    proc.urls = list(json.loads(ready.read_text())["urls"])
-    proc.url = proc.urls[0]
-    return proc
-
-
-def start_thunder(worker_urls: list[str], time_scale: float = 1.0, variant: str = "tier-aware",
-                  extra: list[str] | None = None, log_dir: Path | None = None, timeout: float = 60.0,
-                  port: int | None = None, wait_workers: bool = True, name: str = "thunder") -> Proc:
-    port = port or free_port()
-    argv = [sys.executable, "-m", "thunder_sgl.launch_router", "--policy", "thunder", "--host", "127.0.0.1",
-            "--port", str(port), "--log-level", "warn", "--thunder-variant", variant,
-            "--thunder-time-scale", str(time_scale), *(["--worker-urls", *worker_urls] if worker_urls else []),
-            *(extra or [])]
-    p, log = _spawn(name, argv, log_dir)
-    proc = Proc(name, p, f"http://127.0.0.1:{port}", log)
-    wait_until(lambda: http_ok(proc.url + "/health"), timeout, f"{name} /health", proc)
-    if wait_workers and worker_urls:
-        wait_until(lambda: _ready_workers(proc.url) >= len(worker_urls), timeout, f"{name} to register workers", proc)
-    return proc
-
-
-def _ready_workers(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url + "/readiness", timeout=2) as r:
-            return int(json.loads(r.read()).get("healthy_workers", 0))
-    except (urllib.error.URLError, OSError, ValueError):
-        return 0
-
-
-def start_stock(worker_urls: list[str], policy: str = "cache_aware", flavor: str = "sglang_router",
-                extra: list[str] | None = None, log_dir: Path | None = None, timeout: float = 90.0) -> Proc:
-    """The stock Rust router: ``sglang_router`` 0.3.2 or its successor ``smg`` 1.13.0."""
-    port, prom = free_port(), free_port()
-    module = {"sglang_router": "sglang_router.launch_router", "smg": "smg.launch_router"}[flavor]
-    argv = [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(port), "--policy", policy,
-            "--worker-urls", *worker_urls, "--log-level", "warn", "--prometheus-host", "127.0.0.1",
-            "--prometheus-port", str(prom)]
-    if flavor == "smg":
-        argv += ["--shutdown-grace-period-secs", "1", "--disable-tokenizer-autoload"]
-    argv += extra or []
-    name = f"{flavor}-{policy}"
-    p, log = _spawn(name, argv, log_dir, env={"HF_HUB_OFFLINE": "1"})
-    proc = Proc(name, p, f"http://127.0.0.1:{port}", log)
-    wait_until(lambda: _ready_workers(proc.url) >= len(worker_urls), timeout, f"{name} to register workers", proc, 0.25)
-    return proc
