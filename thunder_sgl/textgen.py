@@ -8,7 +8,7 @@ being exact.
 
 Text is a pure function of its key. The benchmark's programs key their system prompt by the
 profile name only (byte-identical across the profile's programs, so prefix caches share it), an
-instance or an observation by program id and step (``benchmark`` workloads, ``conversation``);
+instance or an observation by program id and step (``benchmark.workloads.conversation``);
 the real engine's tokenizer is trained on the same words (``engine.models``), so a token there
 is ≈ 4 characters too.
 """

@@ -8,7 +8,7 @@ import docker
 import httpx
 from docker_helpers import labelled
 
-from thunder_sgl.bench.peers import start_sim, start_thunder
+from thunder_sgl.benchmark.drivers.peers import start_sim, start_thunder
 from thunder_sgl.children import Proc, wait_until
 
 TS = 10.0

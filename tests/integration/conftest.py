@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from thunder_sgl.bench.peers import start_sim, start_thunder
+from thunder_sgl.benchmark.drivers.peers import start_sim, start_thunder
 from thunder_sgl.children import Proc
 
 

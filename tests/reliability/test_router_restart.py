@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 
-from thunder_sgl.bench.peers import start_thunder
+from thunder_sgl.benchmark.drivers.peers import start_thunder
 from thunder_sgl.children import wait_until
 
 TS = 10.0
