@@ -28,7 +28,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from thunder_sgl.benchmark.drivers.http import HttpCluster, RunPlan, http_run
+from thunder_sgl.benchmark.drivers.http_mode import HttpCluster, RunPlan, http_run
 from thunder_sgl.benchmark.measures.ideal import ideal_steps_per_min
 from thunder_sgl.benchmark.reports.progress import LiveProgress
 from thunder_sgl.benchmark.reports.results import RunResult

@@ -6,13 +6,13 @@ side by side on the same cluster and the same seeded workload, into one results 
         --duration 900 --warmup 300 --time-scale 10 --seed 1 --mode http --name glm46-1n
 
 Modes:
-- ``http``: real processes on this machine (``drivers.http``): the simulated cluster starts once;
+- ``http``: real processes on this machine (``drivers.http_mode``): the simulated cluster starts once;
   before each run it is made idle and flushed, the router under test starts in front of it and
   the closed-loop driver runs against the router. Times are simulated: ``--duration`` and
   ``--warmup`` are simulated seconds, wall time is their sum / ``--time-scale``.
 - ``des``: the discrete-event simulation (``des.run.run_des``), same routers, same measures, no
   processes and no wall-clock limit on the simulated time.
-- ``real``: HTTP mode on real SGLang CPU servers (``drivers.real``): ``--nodes`` engines of
+- ``real``: HTTP mode on real SGLang CPU servers (``drivers.real_mode``): ``--nodes`` engines of
   ``--model`` with a ``--max-total-tokens`` pool each; times are wall seconds (time scale 1).
   The router ``direct`` (no router: each client slot straight to one engine) is the
   request-level baseline; it runs in the other modes too.
@@ -49,8 +49,8 @@ from thunder_sgl.benchmark.rollout.spec import RolloutSpec
 from thunder_sgl.benchmark.workloads.profile import WorkloadProfile, load_profile
 
 if TYPE_CHECKING:
-    from thunder_sgl.benchmark.drivers.http import HttpCluster
-    from thunder_sgl.benchmark.drivers.real import RealCluster
+    from thunder_sgl.benchmark.drivers.http_mode import HttpCluster
+    from thunder_sgl.benchmark.drivers.real_mode import RealCluster
 
 MODES = ("http", "des", "real")
 REAL_ROUTERS = ("direct", "sglang-cache_aware", "smg-cache_aware", "thunder", "thunder-paper")
@@ -121,7 +121,7 @@ class BenchSpec:
     @property
     def cluster_name(self) -> str:
         if self.mode == "real":
-            from thunder_sgl.benchmark.drivers.real import cluster_name
+            from thunder_sgl.benchmark.drivers.real_mode import cluster_name
 
             return cluster_name(self.model)
         return Path(self.cluster).stem if self.cluster.endswith((".yaml", ".yml")) else self.cluster
@@ -218,13 +218,13 @@ def report_only(directory: str | Path) -> list[Path]:
 
 class _HttpRunner:
     def __init__(self, spec: BenchSpec, profile: WorkloadProfile, out: Path) -> None:
-        from thunder_sgl.benchmark.drivers.http import HttpCluster
+        from thunder_sgl.benchmark.drivers.http_mode import HttpCluster
 
         self.spec, self.profile, self.out = spec, profile, out
         self.tmp = Path(tempfile.mkdtemp(prefix="thunder-bench-"))
         self.cluster: HttpCluster | RealCluster
         if spec.mode == "real":
-            from thunder_sgl.benchmark.drivers.real import RealCluster
+            from thunder_sgl.benchmark.drivers.real_mode import RealCluster
 
             self.cluster = RealCluster(spec.nodes, spec.model, spec.max_total_tokens, self.tmp,
                                        threads=spec.engine_threads)
@@ -240,7 +240,7 @@ class _HttpRunner:
                 pass
 
     def run(self, router: str, programs: int, ideal: float, progress: Progress) -> RunResult:
-        from thunder_sgl.benchmark.drivers.http import RunPlan, http_run
+        from thunder_sgl.benchmark.drivers.http_mode import RunPlan, http_run
 
         s = self.spec
         plan = RunPlan(router, programs, self.profile, s.warmup_s, s.duration_s, s.time_scale, s.seed,
