@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     procs = []
     if args.router is None:
-        from thunder_sgl.bench.procs import start_sim, start_thunder
+        from thunder_sgl.benchmark.drivers.peers import start_sim, start_thunder
 
         procs.append(sim := start_sim("tiny", workers=2, time_scale=10.0))
         procs.append(router := start_thunder(sim.urls, time_scale=10.0))

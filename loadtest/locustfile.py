@@ -4,7 +4,7 @@
         [--profile openhands] [--time-scale 20] [--max-tokens-cap 256] [--workload-seed 0]
 
 A user takes the next program of ``--profile`` (locust's own free-text ``--profile`` option is
-read as the workload name; default ``mini-swe-agent``) from ``thunder_sgl.bench.workload``,
+read as the workload name; default ``mini-swe-agent``) from ``thunder_sgl.benchmark.workloads.profile``,
 sends its growing conversation with ``program_id`` in the body and the ``X-Program-Id`` /
 ``X-SMG-Routing-Key`` headers (so it works against the thunder router and a stock
 ``sglang_router``), sleeps each step's tool time divided by ``--time-scale``, then releases the
@@ -36,15 +36,20 @@ import gevent
 from locust import FastHttpUser, constant, events, task
 from locust.contrib.fasthttp import FastHttpSession
 
-from thunder_sgl.bench.conversation import (
+from thunder_sgl.benchmark.measures.stats import ProgramRecord, StepRecord, WorkloadResult
+from thunder_sgl.benchmark.workloads.conversation import (
     Conversation,
     parse_response,
     release_path,
     release_unsupported,
+    system_prompt,
 )
-from thunder_sgl.bench.stats import ProgramRecord, StepRecord, WorkloadResult
-from thunder_sgl.bench.textgen import system_prompt
-from thunder_sgl.bench.workload import ProgramSource, ProgramSpec, WorkloadProfile, load_profile
+from thunder_sgl.benchmark.workloads.profile import (
+    ProgramSource,
+    ProgramSpec,
+    WorkloadProfile,
+    load_profile,
+)
 from thunder_sgl.errors import ConfigError
 
 DEFAULT_PROFILE = "mini-swe-agent"

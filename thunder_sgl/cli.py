@@ -1,7 +1,7 @@
 """``thunder-sgl``: the project's command line.
 
     thunder-sgl demo [--minutes 3]            thunder vs stock sglang_router on a simulated cluster
-    thunder-sgl bench --cluster … --mode http  the policy comparison harness (bench/harness.py)
+    thunder-sgl bench --cluster … --mode http  the policy comparison harness (benchmark/harness.py)
     thunder-sgl bench --report-only DIR        rebuild a results directory's tables and plots
     thunder-sgl soak --minutes 30              overload + scheduled faults: losses, leaks, RSS
     thunder-sgl engine prepare | serve         real SGLang CPU engines (a venv of their own)
@@ -35,7 +35,7 @@ class Command:
     """Called with the parsed arguments and the subcommand's raw argv (for command.txt)."""
     own_signals: bool = False
     """The command handles SIGINT and SIGTERM itself (``engine serve``); the others run inside
-    ``procs.stop_children_on_signals``: a signal stops every process they started at once."""
+    ``children.stop_children_on_signals``: a signal stops every process they started at once."""
 
 
 def _sim_main(argv: list[str]) -> int:
@@ -70,8 +70,8 @@ def _csv(kind: Callable[[str], Any]) -> Callable[[str], tuple[Any, ...]]:
 
 
 def _bench_args(p: argparse.ArgumentParser) -> None:
-    from thunder_sgl.bench.harness import MODES, REAL_ROUTERS, BenchSpec
-    from thunder_sgl.bench.results import ROUTERS
+    from thunder_sgl.benchmark.harness import MODES, REAL_ROUTERS, BenchSpec
+    from thunder_sgl.benchmark.reports.results import ROUTERS
 
     d = BenchSpec()
     p.add_argument("--cluster", default=d.cluster, help="simulator config of each node: a name in configs/sim/ or a YAML path")
@@ -96,7 +96,7 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sample-every", type=float, default=d.sample_every_s, help="per-node memory sampling, simulated seconds")
     p.add_argument("--router-arg", action="append", default=[], metavar="ROUTER=ARGS",
                    help="http mode: extra arguments of one router, e.g. thunder='--thunder-lambda-max 0.9' (repeatable)")
-    g = p.add_argument_group("grid (bench/grid.py: one sweep per cell of context share x tool time x output x N)")
+    g = p.add_argument_group("grid (benchmark/grid.py: one sweep per cell of context share x tool time x output x N)")
     g.add_argument("--grid", nargs="?", const="default", default=None, metavar="CELLS",
                    help="run the workload grid instead of --profile/--programs: all cells in des/http mode, the 12 "
                         "real cells in real mode, or 'all', 'real', or cell names separated by commas "
@@ -104,7 +104,7 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--repeats", type=int, default=2, help="grid: runs of each cell (seeds seed, seed+1, ...)")
     p.add_argument("--report-only", metavar="DIR", type=Path, default=None,
                    help="rebuild results.csv/.md and the plots of DIR from its results.json, run nothing")
-    r = p.add_argument_group("rollout (RL: tasks x samples in groups, weight updates on a timer; bench/rollout.py)")
+    r = p.add_argument_group("rollout (RL: tasks x samples in groups, weight updates on a timer; benchmark/rollout/)")
     r.add_argument("--rollout", choices=("sync", "async"), default=None,
                    help="sync: batches of --tasks x --group-size released at once, the next when the whole batch "
                         "is done (--programs and --warmup are implied, --duration caps the run); async: --programs "
@@ -119,15 +119,15 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
 
 
 def _bench(args: argparse.Namespace, argv: list[str]) -> int:
-    from thunder_sgl.bench.harness import BenchSpec, report_only, run_bench
-    from thunder_sgl.bench.report import FAILED
+    from thunder_sgl.benchmark.harness import BenchSpec, report_only, run_bench
+    from thunder_sgl.benchmark.reports.sweep import FAILED
 
     if args.report_only is not None:
         for path in report_only(args.report_only):
             print(path)
         return 0
-    from thunder_sgl.bench.harness import REAL_ROUTERS
-    from thunder_sgl.bench.results import ROUTERS
+    from thunder_sgl.benchmark.harness import REAL_ROUTERS
+    from thunder_sgl.benchmark.reports.results import ROUTERS
 
     default = REAL_ROUTERS if args.mode == "real" else ROUTERS
     routers = tuple(r.strip() for r in args.routers.split(",") if r.strip()) if args.routers else default
@@ -136,7 +136,7 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
     try:
         rollout = None
         if args.rollout is not None:
-            from thunder_sgl.bench.rollout import RolloutSpec
+            from thunder_sgl.benchmark.rollout.spec import RolloutSpec
 
             rollout = RolloutSpec(mode=args.rollout, tasks=args.tasks, group_size=args.group_size,
                                   batches=args.batches, update_every_s=60.0 * args.update_every,
@@ -168,8 +168,8 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
 def _grid(args: argparse.Namespace, spec: Any, command: str) -> int:
     import dataclasses
 
-    from thunder_sgl.bench import grid
-    from thunder_sgl.bench.harness import run_bench
+    from thunder_sgl.benchmark import grid
+    from thunder_sgl.benchmark.harness import run_bench
     from thunder_sgl.sim.config import load_sim_config
 
     try:
@@ -194,13 +194,13 @@ def _grid(args: argparse.Namespace, spec: Any, command: str) -> int:
 
 
 def _demo_args(p: argparse.ArgumentParser) -> None:
-    from thunder_sgl.bench.demo import add_arguments
+    from thunder_sgl.benchmark.demo import add_arguments
 
     add_arguments(p)
 
 
 def _demo(args: argparse.Namespace, argv: list[str]) -> int:
-    from thunder_sgl.bench.demo import run_demo
+    from thunder_sgl.benchmark.demo import run_demo
 
     return run_demo(args)
 
@@ -209,7 +209,7 @@ def _demo(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _soak_args(p: argparse.ArgumentParser) -> None:
-    from thunder_sgl.bench.soak import add_args
+    from thunder_sgl.benchmark.soak import add_args
 
     add_args(p)
 
@@ -217,7 +217,7 @@ def _soak_args(p: argparse.ArgumentParser) -> None:
 def _soak(args: argparse.Namespace, argv: list[str]) -> int:
     import asyncio
 
-    from thunder_sgl.bench.soak import soak, verdict
+    from thunder_sgl.benchmark.soak import soak, verdict
 
     return verdict(asyncio.run(soak(args)))
 
@@ -275,19 +275,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    from thunder_sgl.bench import procs
+    from thunder_sgl import children
 
     cmd = COMMANDS[args.command]
     if cmd.own_signals:
         signal.signal(signal.SIGTERM, _interrupt)
         stopping: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     else:  # Ctrl-C or SIGTERM: every process started is stopped within seconds, whatever we are doing
-        stopping = procs.stop_children_on_signals()
+        stopping = children.stop_children_on_signals()
     try:
         with stopping:
             return cmd.run(args, argv[1:])
     except KeyboardInterrupt:
-        procs.stop_all()
+        children.stop_all()
         print("\ninterrupted: every process started was stopped", file=sys.stderr)
         return 130
 

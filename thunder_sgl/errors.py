@@ -43,6 +43,12 @@ class ConfigError(ThunderError):
     type = "config_error"
 
 
+def check_config(ok: bool, message: str) -> None:
+    """Raise ``ConfigError(message)`` unless ``ok``: the invariant checks of the config dataclasses."""
+    if not ok:
+        raise ConfigError(message)
+
+
 class BadRequest(ThunderError):
     status = 400
     type = "invalid_request_error"

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import aiohttp
 
-from thunder_sgl.bench.textgen import text
 from thunder_sgl.engine import EngineOptions, start_engines
 from thunder_sgl.engine.env import EngineEnv
+from thunder_sgl.textgen import text
 
 ROUTES = {"server_info": "/server_info", "v1_loads": "/v1/loads?include=core,queues",
           "v1_loads_all": "/v1/loads?include=all", "metrics": "/metrics"}

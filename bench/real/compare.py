@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from thunder_sgl.bench.report import load_meta, load_results, router_order
+from thunder_sgl.benchmark.reports.sweep import load_meta, load_results, router_order
 
 STEPS_TOL = 0.15
 HIT_TOL = 0.05

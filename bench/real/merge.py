@@ -14,7 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-from thunder_sgl.bench.report import load_meta, load_results, write_report
+from thunder_sgl.benchmark.reports.sweep import load_meta, load_results, write_report
 
 
 def merge(target: Path, others: list[Path]) -> int:

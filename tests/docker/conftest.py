@@ -17,9 +17,9 @@ import docker.errors
 import pytest
 from docker_helpers import IMAGE, ManagerFactory
 
-from thunder_sgl.config import SandboxConfig
 from thunder_sgl.sandboxes import SandboxManager
 from thunder_sgl.sandboxes.base import LABEL_INSTANCE
+from thunder_sgl.sandboxes.config import SandboxConfig
 from thunder_sgl.sandboxes.docker import DockerProvider
 
 # The stand-in router process and its helpers live with the unit tests (shared with them).

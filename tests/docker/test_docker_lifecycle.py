@@ -11,8 +11,8 @@ import pytest
 from docker_helpers import IMAGE, ManagerFactory, labelled
 from sandbox_owner import kill_owner, start_owner
 
-from thunder_sgl.config import SandboxConfig
 from thunder_sgl.sandboxes import SandboxStatus
+from thunder_sgl.sandboxes.config import SandboxConfig
 from thunder_sgl.sandboxes.ports import port_is_free
 
 N_PROGRAMS = 200

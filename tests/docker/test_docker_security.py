@@ -13,10 +13,10 @@ from docker_helpers import ManagerFactory
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from thunder_sgl.config import SandboxConfig
 from thunder_sgl.errors import NotFound, ThunderError
 from thunder_sgl.gateway.routes_sandboxes import build_sandbox_router
 from thunder_sgl.sandboxes import SandboxManager, SandboxStatus
+from thunder_sgl.sandboxes.config import SandboxConfig
 
 
 async def test_containers_get_secure_defaults(make_manager: ManagerFactory, docker_client: docker.DockerClient, instance_id: str) -> None:

@@ -8,7 +8,8 @@ import docker
 import httpx
 from docker_helpers import labelled
 
-from thunder_sgl.bench.procs import Proc, start_sim, start_thunder, wait_until
+from thunder_sgl.benchmark.drivers.peers import start_sim, start_thunder
+from thunder_sgl.children import Proc, wait_until
 
 TS = 10.0
 

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from thunder_sgl.bench.procs import http_ok, wait_until
+from thunder_sgl.children import http_ok, wait_until
 
 TS = 10.0
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
-from thunder_sgl.bench.procs import free_port, http_ok, wait_until
+from thunder_sgl.children import free_port, http_ok, wait_until
 
 TS = 10.0  # simulated workers run at 10x real time; the router's time constants are divided by 10
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()

@@ -6,7 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from thunder_sgl.bench.procs import Proc, start_sim, start_thunder
+from thunder_sgl.benchmark.drivers.peers import start_sim, start_thunder
+from thunder_sgl.children import Proc
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ CHAT = {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content
 
 @pytest.fixture(scope="module")
 def router(tmp_path_factory):
-    from thunder_sgl.bench.procs import start_sim, start_thunder
+    from thunder_sgl.benchmark.drivers.peers import start_sim, start_thunder
 
     logs = tmp_path_factory.mktemp("logs")
     sim = start_sim("tiny", workers=1, time_scale=TS, log_dir=logs)

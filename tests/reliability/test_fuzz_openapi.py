@@ -39,7 +39,7 @@ invalid inputs are still fuzzed (and their valid ones tested in test_rl_windows.
 
 @pytest.fixture(scope="module")
 def router_url(tmp_path_factory):
-    from thunder_sgl.bench.procs import start_sim, start_thunder
+    from thunder_sgl.benchmark.drivers.peers import start_sim, start_thunder
 
     logs = tmp_path_factory.mktemp("logs")
     sim = start_sim("tiny", workers=1, time_scale=TS, log_dir=logs)

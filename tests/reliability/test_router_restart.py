@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import httpx
 
-from thunder_sgl.bench.procs import start_thunder, wait_until
+from thunder_sgl.benchmark.drivers.peers import start_thunder
+from thunder_sgl.children import wait_until
 
 TS = 10.0
 

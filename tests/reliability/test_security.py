@@ -12,7 +12,7 @@ KEY, ADMIN = "sk-infer-0a1b2c3d4e5f", "sk-admin-9z8y7x6w5v"
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory):
-    from thunder_sgl.bench.procs import start_sim, start_thunder
+    from thunder_sgl.benchmark.drivers.peers import start_sim, start_thunder
 
     logs = tmp_path_factory.mktemp("logs")
     sim = start_sim("tiny", workers=1, time_scale=TS, log_dir=logs)

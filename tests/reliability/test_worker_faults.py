@@ -11,7 +11,7 @@ import httpx
 import orjson
 import pytest
 
-from thunder_sgl.bench.procs import wait_until
+from thunder_sgl.children import wait_until
 
 TS = 10.0
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from thunder_sgl.bench.procs import Proc, start_stock, start_thunder
+from thunder_sgl.benchmark.drivers.peers import start_stock, start_thunder
+from thunder_sgl.children import Proc
 from thunder_sgl.engine import EngineCluster, EngineEnv, EngineOptions, start_engines
 
 HERE = Path(__file__).resolve().parent

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from thunder_sgl.bench.textgen import text
+from thunder_sgl.textgen import text
 
 X = {"ignore_eos": True}
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from thunder_sgl.bench.procs import wait_until
-from thunder_sgl.bench.textgen import text
+from thunder_sgl.children import wait_until
+from thunder_sgl.textgen import text
 
 X = {"ignore_eos": True}  # random weights stop early otherwise
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "rl_rollout.py"

@@ -12,8 +12,8 @@ import pytest
 from conftest import idle, loads
 from openai import OpenAI
 
-from thunder_sgl.bench.procs import wait_until
-from thunder_sgl.bench.textgen import text
+from thunder_sgl.children import wait_until
+from thunder_sgl.textgen import text
 
 X = {"ignore_eos": True}  # random weights emit end-of-sequence early; SGLang's own field
 

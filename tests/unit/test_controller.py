@@ -8,7 +8,8 @@ import pytest
 
 from thunder_sgl.backends import Backend, Tiers
 from thunder_sgl.config import GatewayConfig, ProgramsConfig, RouterConfig, SchedulerConfig
-from thunder_sgl.controller import Controller, Ticket
+from thunder_sgl.control.controller import Controller
+from thunder_sgl.control.tickets import Ticket
 from thunder_sgl.errors import Conflict, NoBackend, NotFound, Overloaded
 from thunder_sgl.programs import Phase, ProgramState, Usage
 

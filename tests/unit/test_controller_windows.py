@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from thunder_sgl.backends import Backend, Tiers
 from thunder_sgl.config import GatewayConfig, RouterConfig, SchedulerConfig, WindowConfig
-from thunder_sgl.controller import Controller, Ticket
+from thunder_sgl.control.controller import Controller
+from thunder_sgl.control.tickets import Ticket
+from thunder_sgl.control.windows import Reason
 from thunder_sgl.programs import Phase, ProgramState, Usage
-from thunder_sgl.windows import Reason
 
 
 def make(hbm: int = 10_000, n: int = 1, held_timeout: float = 1800.0, max_window: float = 1800.0, **sched) -> Controller:

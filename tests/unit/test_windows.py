@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from thunder_sgl.windows import Reason, WindowConflict, Windows
+from thunder_sgl.control.windows import Reason, WindowConflict, Windows
 
 
 def test_begin_then_end_opens_and_closes_one_window():

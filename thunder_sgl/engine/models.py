@@ -2,7 +2,7 @@
 
 A model is a directory SGLang loads with ``--model-path``: random weights (``torch`` seeded),
 a ``GPT2Config`` with learned positions long enough for agent contexts, and a byte-level BPE
-tokenizer trained on the text our workloads send (``bench.textgen``), with a ChatML-like chat
+tokenizer trained on the text our workloads send (``textgen``), with a ChatML-like chat
 template that is append-only (a conversation's next prompt starts with the tokens of the
 previous one, so the radix cache can match it). The same (size, seed) gives the same files.
 
@@ -25,7 +25,7 @@ N_POSITIONS = 16384
 
 VOCAB_SIZE = 4096
 """BPE vocabulary: enough to hold every word of the workload text with its leading space, so a
-token is ≈ 4 characters, as ``bench.textgen`` assumes."""
+token is ≈ 4 characters, as ``textgen`` assumes."""
 
 BUILDER = Path(__file__).with_name("_build_model.py")
 
@@ -77,7 +77,7 @@ def is_built(path: Path) -> bool:
 def corpus_text() -> str:
     """Training text of the tokenizer: what the workloads send (system prompts, tasks,
     observations), a few hundred kilobytes, deterministic."""
-    from thunder_sgl.bench.textgen import text
+    from thunder_sgl.textgen import text
 
     parts = [f"You are {name}, a software agent.\n" for name in ("mini-swe-agent", "openhands", "toolorchestra", "cpu-agent")]
     for i in range(64):

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from thunder_sgl.bench.procs import Proc, _spawn, free_port, http_ok, wait_until
+from thunder_sgl.children import Proc, free_port, http_ok, spawn, wait_until
 from thunder_sgl.engine.env import EngineEnv
 
 DEFAULT_MAX_TOTAL_TOKENS = 24576
@@ -83,7 +83,7 @@ class EngineCluster:
 
     def _launch(self, i: int) -> Proc:
         argv = engine_argv(self.env, self.opts, self.ports[i], self.host)
-        p, log = _spawn(f"sglang-{i}", argv, self.log_dir, env=_engine_env(self.opts))
+        p, log = spawn(f"sglang-{i}", argv, self.log_dir, env=_engine_env(self.opts))
         return Proc(f"sglang-{i}", p, self.urls[i], log)
 
     def start(self, n: int, timeout: float = START_TIMEOUT_S) -> EngineCluster:

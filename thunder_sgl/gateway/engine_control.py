@@ -1,6 +1,6 @@
 """Engine control through the router, for RL rollouts: SGLang 0.5.23's control routes fanned
 out to the right workers and answered with one summary, inside the router's weight-update
-windows (``thunder_sgl.windows``).
+windows (``thunder_sgl.control.windows``).
 
 - ``pause`` / ``resume_generation``: every registered worker; the router holds new requests
   from before the engines pause until after they continue. In-flight requests are the
@@ -30,11 +30,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from thunder_sgl.control.windows import Closed, Reason, WindowConflict
 from thunder_sgl.errors import Conflict, NoBackend, NotFound, openai_error_body
 from thunder_sgl.gateway import engine_bodies as B
 from thunder_sgl.gateway.runtime import Gateway
 from thunder_sgl.gateway.workers_client import FanOut, WorkerReply
-from thunder_sgl.windows import Closed, Reason, WindowConflict
 
 log = logging.getLogger("thunder_sgl.gateway")
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from thunder_sgl.controller import prefix_key_of
+from thunder_sgl.control.tickets import prefix_key_of
 from thunder_sgl.errors import BadRequest
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "generate": "/generate"}

@@ -16,7 +16,7 @@ from prometheus_client.registry import Collector
 from thunder_sgl.programs import Phase, ProgramState
 
 if TYPE_CHECKING:
-    from thunder_sgl.controller import Ticket, TickResult
+    from thunder_sgl.control.tickets import Ticket, TickResult
     from thunder_sgl.gateway.runtime import Gateway
 
 HELD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800)

@@ -33,7 +33,7 @@ from starlette.responses import Response
 
 from thunder_sgl.backends.backend import Backend
 from thunder_sgl.config import GatewayConfig
-from thunder_sgl.controller import Ticket
+from thunder_sgl.control.tickets import Ticket
 from thunder_sgl.errors import ThunderError, UpstreamError
 from thunder_sgl.gateway.inbound import PATHS, Inbound
 from thunder_sgl.gateway.sse import Last, SSEResponse

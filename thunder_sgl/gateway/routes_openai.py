@@ -21,7 +21,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from thunder_sgl.controller import Ticket
+from thunder_sgl.control.tickets import Ticket
 from thunder_sgl.errors import ThunderError
 from thunder_sgl.gateway.aborted import RequestAborted, aborted_response
 from thunder_sgl.gateway.http import check_key, error_response, read_body, wait_disconnect

@@ -24,7 +24,8 @@ import aiohttp
 from thunder_sgl.backends.backend import Backend
 from thunder_sgl.backends.monitor import Monitor, Worker
 from thunder_sgl.config import RouterConfig
-from thunder_sgl.controller import Controller, Ticket, TickResult
+from thunder_sgl.control.controller import Controller
+from thunder_sgl.control.tickets import Ticket, TickResult
 from thunder_sgl.errors import NotFound, Overloaded, ThunderError
 from thunder_sgl.gateway.aborted import RequestAborted
 from thunder_sgl.gateway.metrics import GatewayMetrics

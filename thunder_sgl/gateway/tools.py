@@ -17,7 +17,7 @@ from pathlib import Path
 from fastapi import Depends, FastAPI
 from starlette.requests import Request
 
-from thunder_sgl.controller import TickResult
+from thunder_sgl.control.tickets import TickResult
 from thunder_sgl.gateway.http import check_key
 from thunder_sgl.gateway.inbound import check_program_id
 from thunder_sgl.gateway.routes_sandboxes import build_sandbox_router

@@ -2,7 +2,7 @@
 
 The proxy sends one POST per inference request and reads back one answer, whole or as a
 stream. aiohttp's client did that at about a third of the router's CPU per request (request
-and payload objects, a timer, header multidicts, a stream reader; ``bench.overhead``), more
+and payload objects, a timer, header multidicts, a stream reader; ``benchmark.overhead``), more
 than the policy and the server side together. This client does only what that path needs:
 
 - one connection pool per worker origin, keep-alive connections reused LIFO, dropped after

@@ -11,7 +11,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from thunder_sgl.config import SandboxConfig
 from thunder_sgl.errors import ConfigError, SandboxError
 from thunder_sgl.sandboxes.base import (
     ExecResult,
@@ -21,6 +20,7 @@ from thunder_sgl.sandboxes.base import (
     SandboxProvider,
     SandboxStatus,
 )
+from thunder_sgl.sandboxes.config import SandboxConfig
 from thunder_sgl.sandboxes.manager import SandboxManager
 from thunder_sgl.sandboxes.ports import PortAllocator
 from thunder_sgl.sandboxes.spec import SandboxSpec, parse_spec

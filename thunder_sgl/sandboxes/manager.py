@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from thunder_sgl.config import SandboxConfig
 from thunder_sgl.errors import Conflict, Forbidden, GatewayTimeout, NotFound
 from thunder_sgl.sandboxes.base import ExecResult, SandboxInfo, SandboxProvider, SandboxStatus
+from thunder_sgl.sandboxes.config import SandboxConfig
 from thunder_sgl.sandboxes.journal import ResourceJournal
 from thunder_sgl.sandboxes.lifecycle import Sandbox
 from thunder_sgl.sandboxes.ports import PortAllocator

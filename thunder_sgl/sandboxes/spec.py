@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from thunder_sgl.config import SandboxConfig
 from thunder_sgl.errors import BadRequest
+from thunder_sgl.sandboxes.config import SandboxConfig
 
 KEEPALIVE_COMMAND: tuple[str, ...] = ("sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done")
 """Default long-running command of a container: idles, and exits at once on SIGTERM (``wait``

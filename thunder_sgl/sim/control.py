@@ -18,7 +18,7 @@
 
 from __future__ import annotations
 
-from thunder_sgl.sim.admission import release as release_kv
+from thunder_sgl.sim.batching import release as release_kv
 from thunder_sgl.sim.engine import Engine
 from thunder_sgl.sim.worker import SimWorker
 

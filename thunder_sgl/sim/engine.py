@@ -18,7 +18,7 @@ Scheduling follows SGLang 0.5 (``scheduler.py``, ``schedule_policy.PrefillAdder`
   its head whenever the prompt fits at all. At most one request is chunked at a time.
 - The prefix match stops one token short of the prompt (the last token is always computed).
   Host/storage hits are loaded back into HBM before the prefill (``timing.h2d_seconds``, after
-  ``timing.storage_fetch_seconds`` for storage hits; ``admission``).
+  ``timing.storage_fetch_seconds`` for storage hits; ``batching``).
 - Chunks are inserted into the radix tree as they complete; a finished request inserts prompt +
   output (all but the last token, whose KV was never computed), so the next turn hits.
 - Decode needs one KV slot per running request per step; when free + evictable KV cannot cover
@@ -38,7 +38,7 @@ from array import array
 from collections import deque
 from dataclasses import dataclass
 
-from thunder_sgl.sim.admission import may_admit_during_span, release, retract, schedule_prefill
+from thunder_sgl.sim.batching import may_admit_during_span, release, retract, schedule_prefill
 from thunder_sgl.sim.config import SimConfig
 from thunder_sgl.sim.exposition import LATENCY_BUCKETS, LOAD_BUCKETS, Histogram, engine_stats
 from thunder_sgl.sim.radix import Node
@@ -68,7 +68,7 @@ from thunder_sgl.sim.timing import (
 
 RECHECK_STEPS = 64
 """A decode span is cut after this many steps when a waiting request might become admissible
-during it (see ``admission.may_admit_during_span``)."""
+during it (see ``batching.may_admit_during_span``)."""
 
 
 @dataclass(slots=True)

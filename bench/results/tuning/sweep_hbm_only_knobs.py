@@ -1,7 +1,7 @@
 import json
 import time
 
-from thunder_sgl.bench.des import run_des
+from thunder_sgl.benchmark.des.run import run_des
 from thunder_sgl.config import RouterConfig, SchedulerConfig
 
 out = open("/tmp/exp/sweep3.jsonl", "a")

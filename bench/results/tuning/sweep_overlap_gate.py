@@ -2,7 +2,7 @@ import dataclasses
 import json
 import time
 
-from thunder_sgl.bench.des import run_des
+from thunder_sgl.benchmark.des.run import run_des
 from thunder_sgl.config import RouterConfig, SchedulerConfig
 from thunder_sgl.sim import load_sim_config
 

@@ -6,7 +6,7 @@ import asyncio
 import time
 
 from thunder_sgl.config import RouterConfig
-from thunder_sgl.controller import Ticket
+from thunder_sgl.control.tickets import Ticket
 from thunder_sgl.gateway.runtime import Gateway
 from thunder_sgl.sim import ScaledClock, SimWorker
 from thunder_sgl.sim.config import load_sim_config

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from thunder_sgl.config import SandboxConfig
 from thunder_sgl.sandboxes import SandboxManager, procs
 from thunder_sgl.sandboxes.base import ENV_INSTANCE
+from thunder_sgl.sandboxes.config import SandboxConfig
 from thunder_sgl.sandboxes.local import LocalProvider
 
 

@@ -20,9 +20,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from thunder_sgl.config import SandboxConfig
 from thunder_sgl.sandboxes import SandboxManager, open_provider, procs
 from thunder_sgl.sandboxes.base import ENV_INSTANCE
+from thunder_sgl.sandboxes.config import SandboxConfig
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from sandbox_owner import kill_owner, start_owner, tagged_pids
 
-from thunder_sgl.config import SandboxConfig
 from thunder_sgl.errors import ConfigError, Conflict, Forbidden, GatewayTimeout, NotFound
 from thunder_sgl.sandboxes import SandboxManager, SandboxStatus, open_manager, open_provider, procs
 from thunder_sgl.sandboxes.base import ENV_PROGRAM, ENV_SANDBOX
+from thunder_sgl.sandboxes.config import SandboxConfig
 from thunder_sgl.sandboxes.local import LocalProvider
 from thunder_sgl.sandboxes.ports import port_is_free
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from thunder_sgl.config import SandboxConfig
 from thunder_sgl.errors import BadRequest
+from thunder_sgl.sandboxes.config import SandboxConfig
 from thunder_sgl.sandboxes.spec import KEEPALIVE_COMMAND, parse_exec, parse_resource, parse_spec
 
 CFG = SandboxConfig(max_memory_mb=1024, max_cpus=2.0, max_pids=512, allowed_networks=("none",))

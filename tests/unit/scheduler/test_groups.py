@@ -9,8 +9,7 @@ import pytest
 from sched_scenarios import active, backend, naive_demand, new, paused
 
 from thunder_sgl.config import SchedulerConfig
-from thunder_sgl.groups import GroupTable
-from thunder_sgl.programs import ProgramTable
+from thunder_sgl.programs import GroupTable, ProgramTable
 from thunder_sgl.scheduler import ThunderScheduler, make_policy
 from thunder_sgl.scheduler.capacity import BackendLoad
 from thunder_sgl.scheduler.grouping import GroupPicker

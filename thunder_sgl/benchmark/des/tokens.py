@@ -1,0 +1,100 @@
+"""Token ids of DES programs: what each request of a simulated agent sends.
+
+A DES program talks to the simulated workers in token ids, laid out exactly as the simulator's
+chat template renders a chat conversation (``sim.tokenizer.ChatTemplate``: every message is
+``<|im_start|> role\\n content <|im_end|> \\n``, the prompt ends with ``<|im_start|>
+assistant\\n``), so it is append-only and hits the radix cache token for token::
+
+    prompt_0     = [system: S shared tokens] [user: instance tokens] <assistant>
+    prompt_{k+1} = prompt_k + output_k + <im_end>\\n + [user: observation_k] <assistant>
+
+Contents are random ids ≥ 2^24 (never special tokens): the system prompt is one sequence per
+profile (shared by all its programs, whatever the seed), the instance and the observations are
+drawn per program from ``(profile, seed, index)``, so runs are deterministic. The samples of one
+RL task (``ProgramSpec.task``, a group) share the task's instance, drawn from
+``(profile, seed, task)``: the group's members start with the same system + task prefix. The answers are
+the simulator's own ``output_ids``.
+"""
+
+from __future__ import annotations
+
+import zlib
+from array import array
+
+import numpy as np
+
+from thunder_sgl.benchmark.workloads.profile import ProgramSpec, WorkloadProfile
+from thunder_sgl.sim.tokenizer import IM_END, IM_START, Tokenizer
+
+_FIRST_ID = 1 << 24
+_LAST_ID = 1 << 31
+
+
+def _role(role: str) -> bytes:
+    return (array("I", [IM_START]) + Tokenizer.encode_uncached(role + "\n")).tobytes()
+
+
+_SYSTEM = _role("system")
+_USER = _role("user")
+_ASSISTANT = _role("assistant")
+_END = (array("I", [IM_END]) + Tokenizer.encode_uncached("\n")).tobytes()
+
+FIRST_TEMPLATE_TOKENS = (len(_SYSTEM) + len(_END) + len(_USER) + len(_END) + len(_ASSISTANT)) // 4
+"""Template tokens of the first prompt besides the system prompt and the instance."""
+STEP_TEMPLATE_TOKENS = (len(_END) + len(_USER) + len(_END) + len(_ASSISTANT)) // 4
+"""Template tokens each later prompt adds besides the previous output and the observation."""
+SHARED_TEMPLATE_TOKENS = (len(_SYSTEM) + len(_END) + len(_USER)) // 4
+"""Template tokens of the prefix every program of a profile shares (beside the system prompt)."""
+
+
+def _ids(rng: np.random.Generator, n: int) -> bytes:
+    return rng.integers(_FIRST_ID, _LAST_ID, size=n, dtype=np.uint32).tobytes() if n > 0 else b""
+
+
+class TokenLayout:
+    """The shared system prompt of a profile and each program's token stream."""
+
+    def __init__(self, profile: WorkloadProfile, seed: int) -> None:
+        self.profile = profile
+        self.seed = seed
+        name_hash = zlib.crc32(profile.name.encode())
+        self._name_hash = name_hash
+        system = _ids(np.random.default_rng([name_hash, 0x5157]), profile.system_prompt_tokens)
+        self.shared_prefix = _SYSTEM + system + _END + _USER
+        """Packed tokens every program of the profile starts with."""
+        self.shared_tokens = len(self.shared_prefix) >> 2
+
+    def program(self, spec: ProgramSpec) -> ProgramTokens:
+        rng = np.random.default_rng([self._name_hash, self.seed & 0xFFFFFFFF, spec.index])
+        return ProgramTokens(self, spec, rng)
+
+
+class ProgramTokens:
+    """The growing prompt of one program."""
+
+    __slots__ = ("spec", "rng", "prompt", "step")
+
+    def __init__(self, layout: TokenLayout, spec: ProgramSpec, rng: np.random.Generator) -> None:
+        self.spec = spec
+        self.rng = rng
+        if spec.task is None:
+            instance = _ids(rng, spec.instance_tokens)
+        else:
+            instance = _ids(np.random.default_rng([layout._name_hash, layout.seed & 0xFFFFFFFF, 0x7A5C, spec.task]),
+                            spec.instance_tokens)
+        self.prompt = layout.shared_prefix + instance + _END + _ASSISTANT
+        """Packed tokens of the next request."""
+        self.step = 0
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt) >> 2
+
+    def add_reply(self, output_ids: array) -> None:
+        """Append the answer of the current step and, unless it was the last, its observation."""
+        obs = self.spec.steps[self.step].observation_tokens
+        self.step += 1
+        tail = output_ids.tobytes() + _END
+        if self.step < len(self.spec.steps):
+            tail += _USER + _ids(self.rng, obs) + _END + _ASSISTANT
+        self.prompt += tail

@@ -1,0 +1,93 @@
+"""What the controller takes and gives, without behaviour: a request (``Ticket``), the counters
+it keeps (``Stats``) and what a tick did (``TickResult``)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import KW_ONLY, dataclass, field
+from typing import Any
+
+from thunder_sgl.backends.backend import Backend
+from thunder_sgl.control.windows import Closed
+from thunder_sgl.programs import Program
+from thunder_sgl.scheduler import Decisions
+
+
+def prefix_key_of(text: str) -> str:
+    """Identity of a shared prefix (e.g. the system prompt)."""
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One client request as the controller sees it. Every field but the program id is named
+    at construction."""
+
+    program_id: str | None
+    _: KW_ONLY
+    prompt_chars: int = 0
+    """Size of the prompt text, to estimate tokens before usage is known."""
+    prompt_tokens: int | None = None
+    """Exact prompt tokens when the client sent token ids."""
+    prefix_key: str | None = None
+    prefix_chars: int = 0
+    group_id: str | None = None
+    """The group (RL task) the program is a sample of (``groups``), if the request names one."""
+    group_chars: int = 0
+    """Size of the task prompt the group's members share beyond the system prompt."""
+    created: float = 0.0
+    backend: Backend | None = None
+    """Set when dispatched."""
+    program: Program | None = None
+    dispatched_at: float | None = None
+    waiter: Any = None
+    """Free for the caller (an asyncio future in the gateway, an event in the DES)."""
+    rid: str | None = None
+    """The engine's request id (the key of /abort_request), given by the gateway's route."""
+    session_id: str | None = None
+    """The ``session_id`` the request carries to its backend (``kvrefs``), stamped at dispatch;
+    None: it carries none."""
+    window_mark: float = 0.0
+    """``Windows.elapsed`` when the ticket was held: window time is not held time."""
+
+    @property
+    def held_seconds(self) -> float:
+        return 0.0 if self.dispatched_at is None else self.dispatched_at - self.created
+
+
+@dataclass
+class Stats:
+    """Monotonic counters for /metrics and benchmark reports."""
+
+    admissions: int = 0
+    pauses: int = 0
+    restores: int = 0
+    migrations: int = 0
+    held: int = 0
+    gated: int = 0
+    """Requests held by the HBM condition (program active)."""
+    expired: int = 0
+    released: int = 0
+    released_idle: int = 0
+    requests: int = 0
+    stateless_requests: int = 0
+    failed_requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    ticks: int = 0
+    window_held: int = 0
+    """Requests held because a weight-update window was open."""
+    kv_resets: int = 0
+    """Programs whose cached KV the engines dropped (new weights, flushed cache)."""
+
+
+@dataclass
+class TickResult:
+    decisions: Decisions
+    dispatched: list[Ticket] = field(default_factory=list)
+    expired: list[Ticket] = field(default_factory=list)
+    released: list[Program] = field(default_factory=list)
+    paused: list[Program] = field(default_factory=list)
+    placed: list[Program] = field(default_factory=list)
+    window_closed: Closed | None = None
+    """A window the watchdog closed in this tick."""
