@@ -379,7 +379,7 @@ class AdmissionState:
     """Periods still skipped before the window counts (a change's transient)."""
     changes: int = 0
     busy: float = 1.0
-    """EMA of the share of each period the engine spent in prefill and decode iterations."""
+    """The share of time the engine spent in prefill and decode iterations, averaged over the fit's half-life."""
     block: tuple[float, float, float] = (0.0, 0.0, 0.0)
     """Steps, prefill tokens and prefill seconds of the periods not yet in the prefill fit."""
     churn: float = 0.0
@@ -474,9 +474,12 @@ def update(state: AdmissionState | None, b: Backend, v: BackendView, now: float,
         pre = pre.add(bs, bt, bp, keep)
         bs = bt = bp = 0.0
     engine = _engine(dec, pre, st.engine) or st.engine
-    busy = min(1.0, max(0.0, (dpre + d[7]) / dt)) if b.live.reports_busy else 1.0
+    # not clipped per period, and averaged over the fit's half-life: counters arrive in lumps
+    # (a poll between the iterations of a long decode), and clipping each period's share at 1,
+    # or a short average, read a saturated engine as idle a third of the time
+    busy = max(0.0, (dpre + d[7]) / dt) if b.live.reports_busy else 1.0
     st = replace(st, at=now, snap=cur, dec=dec, pre=pre, engine=engine, block=(bs, bt, bp),
-                 busy=st.busy + ac.cost_ema_alpha * (busy - st.busy))
+                 busy=st.busy + (1.0 - keep) * (busy - st.busy))
     # 4. the window measured at the current level
     if st.settle:
         st = replace(st, settle=st.settle - 1)
