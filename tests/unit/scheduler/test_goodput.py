@@ -285,3 +285,36 @@ def test_the_view_names_what_operators_read():
               "predicted_steps_per_s", "predicted_fixed_steps_per_s", "measured_steps_per_s", "probe", "engine"):
         assert k in v
     assert v["probe"] in ("none", "up", "down")
+
+
+def test_a_saturated_engine_whose_counters_arrive_in_lumps_reads_busy():
+    """Counters can reach the router in lumps (polled between the iterations of a long decode):
+    here every third period carries three periods of busy time. The busy share is the average,
+    not each period's share clipped at 1 (which read such an engine as a third idle and let
+    probes up run on a saturated GPU)."""
+    b = Backend("http://lumps", 0, Tiers(hbm_tokens=POOL), session_refs=True)
+    b.live.reports_busy = True
+    view = BackendView(pool=float(POOL), fit_limit=0.95 * POOL, demand=SHARED + 5 * CONTEXT, shared=SHARED,
+                       active=5, context=CONTEXT, output=16.0, supply=24)
+    dt = CFG.tick_seconds
+    st_ = update(None, b, view, 0.0, CFG)
+    for i in range(1, 200):
+        if i % 3 == 0:
+            b.live.prefill_busy_s_total += 3 * dt
+        b.served.steps += 10
+        st_ = update(st_, b, view, i * dt, CFG)
+    assert 0.9 <= st_.busy <= 1.1
+
+
+def test_probe_comparisons_allow_for_counts_that_vary_more_than_poisson():
+    """The same two windows: with steps/period that stay near their mean (Poisson-like) the
+    higher rate wins; with the same totals but counts that swing period to period (programs
+    that start and end together), it does not."""
+    from thunder_sgl.scheduler.goodput import _beats, _dispersion
+
+    steady = AdmissionState(win_steps=400, win_n=20, win_sq=20 * 20.0 ** 2 + 20 * 20.0)  # mean 20, variance 20
+    swinging = AdmissionState(win_steps=400, win_n=20, win_sq=10 * 5.0 ** 2 + 10 * 35.0 ** 2)  # 5 and 35
+    assert _dispersion(steady) == pytest.approx(1.0, abs=0.1)
+    assert _dispersion(swinging) > 10
+    assert _beats(1.3, 520, 1.0, 400, 0.05, 1.5, _dispersion(steady))
+    assert not _beats(1.3, 520, 1.0, 400, 0.05, 1.5, _dispersion(swinging))
