@@ -1,5 +1,8 @@
 """sha256 of a results.json with run-specific fields (paths, clocks, wall times) removed."""
-import hashlib, json, sys
+import hashlib
+import json
+import sys
+
 DROP = {"command", "out", "profile", "started", "ended", "wall_s", "host", "python", "git", "commit"}
 def clean(x):
     if isinstance(x, dict):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # DES bit-exactness check for the house refactor: same commands before/after, compare hashes.
-# usage: run.sh OUTDIR   (run from a checkout with its venv active)
+# usage: run.sh OUTDIR   (from the repository root, the package installed; OUTDIR is replaced)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 OUT=$1; rm -rf "$OUT"; mkdir -p "$OUT"
