@@ -359,9 +359,9 @@ class AdmissionState:
     """The probe under way goes to level 0 (the fixed watermarks) to check the gain is there."""
     next_reference: bool = False
     """The next probe down is a reference probe."""
-    confirm: int = 0
-    """Levels a probe up that won moved the bias, until a whole window at its level confirms it
-    (0: nothing to confirm)."""
+    confirm: bool = False
+    """A probe up won and moved the bias one level up, until a whole window at its level
+    confirms it."""
     confirm_rate: float = 0.0
     """The rate before that probe, which the confirming window must beat."""
     fallbacks: int = 0
@@ -540,8 +540,8 @@ def _confirm(st: AdmissionState, ac: AdmissionConfig) -> AdmissionState:
     once their evictions come due. Otherwise the bias returns and the next probe up waits
     twice as long."""
     if st.measured > st.confirm_rate:
-        return replace(st, confirm=0, up_wait=1)
-    return replace(st, confirm=0, bias=max(st.bias - st.confirm, -ac.max_bias),
+        return replace(st, confirm=False, up_wait=1)
+    return replace(st, confirm=False, bias=max(st.bias - 1, -ac.max_bias),
                    up_wait=min(MAX_BACKOFF, st.up_wait * 2))
 
 
@@ -745,7 +745,7 @@ def _end_probe(st: AdmissionState, ac: AdmissionConfig, now: float, cycle: int) 
         if d > 0 and st.level > st.ceiling:
             st = replace(st, ceiling=st.level)
         if d > 0:  # kept once a fresh window at this level confirms it (``_confirm``)
-            st = replace(st, confirm=moved, confirm_rate=st.base_rate, win_steps=0, win_s=0.0, win_n=0, win_sq=0.0,
+            st = replace(st, confirm=True, confirm_rate=st.base_rate, win_steps=0, win_s=0.0, win_n=0, win_sq=0.0,
                          settle=cycle)
         else:
             st = replace(st, down_wait=1)
