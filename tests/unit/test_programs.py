@@ -12,7 +12,7 @@ def test_lifecycle_new_admit_reason_act_pause_restore_release():
     t.admit(p, "b1", 1.0)
     assert (p.state, p.backend, t.waiting_count, t.on_backend("b1")) == (ProgramState.ACTIVE, "b1", 0, [p])
     p.start_request(1.0, 1200)
-    assert p.phase is Phase.REASONING and p.in_flight == 1 and p.demand_tokens() == 1200
+    assert p.phase is Phase.REASONING and p.in_flight == 1 and max(p.context_tokens, p.pending_prompt_tokens) == 1200
     p.finish_request(3.0, Usage(prompt_tokens=1000, completion_tokens=200, cached_tokens=0), 0.3)
     assert (p.phase, p.context_tokens, p.steps, p.acting_since) == (Phase.ACTING, 1200, 1, 3.0)
     assert p.pending_prompt_tokens == 0

@@ -49,6 +49,13 @@ class Usage:
     cached_storage_tokens: int = 0
 
 
+_set = object.__setattr__
+
+COST_INPUTS = frozenset({"context_tokens", "pending_prompt_tokens", "expected_output_tokens", "prefix_key",
+                         "shared_prefix_tokens", "group", "group_key", "phase", "held"})
+"""The fields a program's scheduling cost is computed from (``scheduler.cost``)."""
+
+
 @dataclass(slots=True, eq=False)
 class Program:
     id: str
@@ -101,6 +108,14 @@ class Program:
     sandboxes: list[str] = field(default_factory=list)
     session_on: str | None = None
     """Backend where the program's KV is referenced by its session (``kvrefs``)."""
+    cost_cache: object = field(default=None, repr=False)
+    """The scheduler's ``ProgramCost`` of this program (``scheduler.cost.cost_of``), cleared by
+    ``__setattr__`` whenever one of ``COST_INPUTS`` is written: computed once per change."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        _set(self, name, value)
+        if name in COST_INPUTS:
+            _set(self, "cost_cache", None)
 
     # ---- derived -------------------------------------------------------------------------
     @property
@@ -114,11 +129,6 @@ class Program:
     @property
     def reasoning(self) -> bool:
         return self.phase is Phase.REASONING
-
-    def demand_tokens(self) -> int:
-        """Tokens the program occupies now: the larger of its known context and the estimate
-        of the prompt it is sending (a held or in-flight request may have grown it)."""
-        return max(self.context_tokens, self.pending_prompt_tokens)
 
     # ---- lifecycle transitions -----------------------------------------------------------
     def admit(self, backend: str, now: float) -> None:

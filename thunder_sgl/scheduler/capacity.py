@@ -19,18 +19,29 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from thunder_sgl.backends.backend import Backend
 from thunder_sgl.config import SchedulerConfig
-from thunder_sgl.programs import Phase, Program
-from thunder_sgl.scheduler.cost import ProgramCost, program_cost, weight
+from thunder_sgl.programs import Program
+from thunder_sgl.scheduler.cost import ProgramCost, cost_of, weight
 from thunder_sgl.scheduler.gate import hbm_fits, hbm_limit, hbm_room
 
-_REASONING = Phase.REASONING
+_new = tuple.__new__
 
 
-def _first4(t: tuple[bool, float, int, str, Program]) -> tuple[bool, float, int, str]:
-    return t[0], t[1], t[2], t[3]
+class PauseCandidate(NamedTuple):
+    """A pausable program in pause order: a named tuple, so that sorting compares the keys in
+    C (fields in sort order; the unique id means the program itself is never compared)."""
+
+    held: bool
+    """A held request: paused last."""
+    weight: float
+    """Its decayed weight (``cost.weight``): lowest first."""
+    tokens: int
+    """Its context c: shortest first."""
+    id: str
+    program: Program
 
 
 @dataclass(slots=True, eq=False)
@@ -104,30 +115,22 @@ class BackendLoad:
     def account(self, progs: list[Program], now: float, tick: float, table: Sequence[float], default_out: float) -> None:
         """Add the backend's active programs to the totals: the hot loop of every tick.
 
-        This is ``cost.program_cost`` and ``cost.weight`` written out (no object per program:
-        at 10,000 programs the calls were most of a tick); ``members`` builds the objects for
-        the few backends that must pause, and a test checks that both give the same totals."""
+        Each program's cost is its cached one (``cost.cost_of``, computed again only when it
+        changed); the decay ``cost.weight`` is written out here (a call per program per tick
+        was most of a tick at 10,000 programs), and ``members`` builds the objects for the few
+        backends that must pause: a test checks that both give the same totals."""
         demand = reasoning = tokens = private_total = output = 0.0
         counts, shared = self.key_counts, self.key_shared
         ntab = len(table)
         for p in progs:
-            c = p.context_tokens
-            pp = p.pending_prompt_tokens
-            if pp > c:
-                c = pp
-            key = p.prefix_key
-            full = p.shared_prefix_tokens if key else 0
-            gkey = p.group_key
-            gt = p.group.prefix_tokens if gkey and p.group is not None else 0  # type: ignore[union-attr]
-            sh = full + gt
-            private = c - sh if sh < c else 0
+            pc = p.cost_cache
+            if pc is None or pc[7] or (pc[9] != default_out and p.expected_output_tokens <= 0):  # type: ignore[index]
+                pc = cost_of(p, default_out)
+            c, _, key, full, private, hbm, gated, gkey, gt, eo = pc  # type: ignore[misc]
             private_total += private
-            eo = p.expected_output_tokens
-            if eo <= 0:
-                eo = default_out
             output += eo
-            if p.phase is _REASONING or p.held:  # gated: full weight, counts in the HBM condition
-                reasoning += c + eo
+            if gated:  # reasoning or held: full weight, counts in the HBM condition
+                reasoning += hbm
                 demand += private
             else:
                 a = p.acting_since
@@ -163,53 +166,27 @@ class BackendLoad:
         self.output += output
         self.active += len(progs)
 
-    def pause_candidates(self) -> list[tuple[bool, float, int, str, Program]]:
+    def pause_candidates(self) -> list[PauseCandidate]:
         """The pausable programs (no request in flight) in pause order — acting first (held
-        last), lowest decayed weight, then shortest context — as ``(held, weight, c, id,
-        program)``: the order needs only c and the weight, so no Member is built for the many
+        last), lowest decayed weight, then shortest context: no Member is built for the many
         a pause does not reach (``member`` builds one for those it does)."""
-        now, tick, table, _ = self.clock
-        ntab = len(table)
-        out = []
-        for p in self.progs:
-            if p.in_flight:
-                continue
-            c = p.context_tokens
-            pp = p.pending_prompt_tokens
-            if pp > c:
-                c = pp
-            if p.phase is _REASONING or p.held:
-                w = 1.0
-            else:
-                a = p.acting_since
-                if now <= a:
-                    w = 1.0
-                else:
-                    k = int((now - a) // tick)
-                    w = table[k] if k < ntab else 0.0
-            out.append((p.held > 0, w, c, p.id, p))
-        out.sort(key=_first4)
+        now, tick, table, default_out = self.clock
+        out = [_new(PauseCandidate, (p.held > 0, weight(p, now, tick, table), cost_of(p, default_out).tokens, p.id, p))
+               for p in self.progs if not p.in_flight]
+        out.sort()  # by (held, weight, tokens, id): ids are unique, the program is never compared
         return out
 
     def member(self, p: Program) -> Member:
         """One accounted program as a Member (its cost and weight as ``account`` counted them)."""
         now, tick, table, default_out = self.clock
-        pc = program_cost(p, default_out)
+        pc = cost_of(p, default_out)
         w = 1.0 if pc.gated else weight(p, now, tick, table)
         return Member(p, pc, w, w * pc.private)
 
     def members(self, idle_only: bool = False) -> list[Member]:
         """The accounted programs as Members (built only for backends that must pause);
         ``idle_only``: just those with no request in flight (the pausable ones)."""
-        now, tick, table, default_out = self.clock
-        out = []
-        for p in self.progs:
-            if idle_only and p.in_flight:
-                continue
-            pc = program_cost(p, default_out)
-            w = 1.0 if pc.gated else weight(p, now, tick, table)
-            out.append(Member(p, pc, w, w * pc.private))
-        return out
+        return [self.member(p) for p in self.progs if not (idle_only and p.in_flight)]
 
     @staticmethod
     def placed(p: Program, pc: ProgramCost) -> Member:

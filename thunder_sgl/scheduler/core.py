@@ -185,7 +185,7 @@ class ThunderScheduler:
         for cand in load.pause_candidates():
             if freed >= excess - EPS:
                 break
-            m = load.member(cand[4])
+            m = load.member(cand.program)
             freed += load.freed_by(m)
             load.remove(m)
             chosen.append(m)

@@ -17,12 +17,15 @@ is counted once per backend (``capacity.BackendLoad``), whatever number of progr
 acting program after k whole ticks of tool time) is time-dependent and applied by the caller:
 ``weight(p, now, tick, table)``.
 
-``program_cost`` is what the queue, the pause decisions and the controller's HBM gate of one
-request read. The per-tick accounting of every active program (``capacity.BackendLoad.account``,
-the hot loop) writes ``program_cost`` and ``weight`` out instead of calling them — an object per
-program per tick doubled the tick at 10,000 programs — and a property test
-(``test_the_written_out_accounting_equals_the_cost_functions``) holds the two equal: change
-both together.
+``cost_of(p, default_output)`` is the one place this arithmetic runs: it computes a program's
+``ProgramCost`` when the program changed since the last call and returns the cached one
+otherwise. The program clears its cache whenever one of the inputs above is written
+(``Program.__setattr__``); the group's task prompt, learned later, and the default output are
+checked on each call. Everything that sizes a program reads it: the per-tick accounting of
+every active program (``capacity.BackendLoad.account``), the pause order, the queue, and the
+controller's HBM gate of one request (``gate``). Only the decay weight depends on the clock
+and is applied by the caller: ``weight(p, now, tick, table)`` (written out in ``account``, the
+hot loop, and held equal to it by ``test_the_written_out_accounting_equals_the_cost_functions``).
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ class ProgramCost(NamedTuple):
     group_tokens: int
     """The group's task prompt beyond the system prompt, added to a backend by the group's
     first member there."""
+    output: float
+    """Expected output tokens per step (the program's EMA, or the scheduler's default)."""
 
 
 def expected_output(p: Program, default_output: float) -> float:
@@ -63,39 +68,57 @@ _REASONING = Phase.REASONING
 _new = tuple.__new__
 
 
-def program_cost(p: Program, default_output: float, prompt: int = 0) -> ProgramCost:
-    """``prompt``: the estimate of a request about to be sent (the controller's HBM gate)."""
+def program_cost(p: Program, default_output: float) -> ProgramCost:
+    """The cost computed afresh (``cost_of`` caches it)."""
     c = p.context_tokens
     pp = p.pending_prompt_tokens
     if pp > c:
         c = pp
-    if prompt > c:
-        c = prompt
     key = p.prefix_key
     full = p.shared_prefix_tokens if key else 0
     gkey = p.group_key
-    gt = p.group.prefix_tokens if gkey and p.group is not None else 0  # type: ignore[union-attr]
+    g = p.group
+    gt = g.prefix_tokens if gkey and g is not None else 0
     s = full + gt
     if s > c:
         s = c
     eo = p.expected_output_tokens
-    # tuple.__new__: a named tuple built without its Python-level __new__ (this runs for every
-    # program every tick).
-    return _new(ProgramCost, (c, s, key, full, c - s, c + (eo if eo > 0 else default_output),
-                              p.phase is _REASONING or p.held > 0, gkey, gt))
+    if eo <= 0:
+        eo = default_output
+    # tuple.__new__: a named tuple built without its Python-level __new__.
+    return _new(ProgramCost, (c, s, key, full, c - s, c + eo, p.phase is _REASONING or p.held > 0, gkey, gt, eo))
+
+
+def cost_of(p: Program, default_output: float) -> ProgramCost:
+    """The program's cost, computed again only when it changed: the cache is cleared by any
+    write to an input (``Program.__setattr__``), and checked here against the two inputs that
+    live outside the program (its group's task prompt, the default output)."""
+    pc = p.cost_cache
+    if pc is not None:
+        g = p.group
+        if (g is None or not pc[7] or pc[8] == g.prefix_tokens) and (
+                pc[9] == default_output or p.expected_output_tokens > 0):
+            return pc  # type: ignore[no-any-return]
+    pc = program_cost(p, default_output)
+    p.cost_cache = pc
+    return pc
+
+
+def hbm_with_prompt(p: Program, default_output: float, prompt: int) -> float:
+    """What a request about to be sent holds in HBM when it finishes, ``prompt`` being its
+    estimated prompt: the cost's ``hbm`` with the prompt in ``c``."""
+    pc = cost_of(p, default_output)
+    c = pc.tokens
+    return (prompt if prompt > c else c) + pc.output
 
 
 def in_flight_hbm(programs: Iterable[Program], default_output: float, exclude: Program | None = None) -> float:
-    """The sum of ``program_cost(q).hbm`` over the programs with a request in flight (the
-    controller's HBM gate reads it for every request), written out like the tick's accounting
-    and held equal to it by the same property test."""
+    """The sum of ``hbm`` over the programs with a request in flight (the controller's HBM
+    gate reads it for every request)."""
     total = 0.0
     for q in programs:
         if q.in_flight and q is not exclude:
-            c = q.context_tokens
-            pp = q.pending_prompt_tokens
-            eo = q.expected_output_tokens
-            total += (c if c >= pp else pp) + (eo if eo > 0 else default_output)
+            total += cost_of(q, default_output).hbm
     return total
 
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from thunder_sgl.backends.backend import Backend
 from thunder_sgl.config import SchedulerConfig
 from thunder_sgl.programs import Program
-from thunder_sgl.scheduler.cost import in_flight_hbm, program_cost
+from thunder_sgl.scheduler.cost import hbm_with_prompt, in_flight_hbm
 
 
 def hbm_fits(used: float, need: float, limit: float) -> bool:
@@ -68,7 +68,7 @@ class RequestGate:
 
     def need(self, p: Program, estimate: int) -> float:
         """What p's request holds in HBM when it finishes (``cost.hbm`` with the estimate)."""
-        return program_cost(p, float(self.cfg.default_output_tokens), estimate).hbm
+        return hbm_with_prompt(p, float(self.cfg.default_output_tokens), estimate)
 
     def used(self, placed: Iterable[Program], exclude: Program | None = None) -> float:
         """KV the programs with a request in flight hold or will hold."""

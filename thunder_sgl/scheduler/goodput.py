@@ -95,6 +95,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from thunder_sgl.backends.backend import Backend
 from thunder_sgl.config import AdmissionConfig, SchedulerConfig
@@ -498,11 +499,11 @@ def update(state: AdmissionState | None, b: Backend, v: BackendView, now: float,
     choices, churn = _choices(v, lp, engine, ac, st.level, pre.tokens_per_step)
     # one program cycle (tool + request), in whole periods: what a probe up skips first
     cycle = max(1, math.ceil((b.served.tool_s + b.served.request_s) / cfg.tick_seconds))
-    rates = [c[4] for c in choices]
+    rates = [c.rate for c in choices]
     if len(st.smoothed) == len(rates) and all(r > 0 for r in st.smoothed):
         rates = [m + ac.cost_ema_alpha * (r - m) for m, r in zip(st.smoothed, rates, strict=True)]
     st = replace(st, smoothed=tuple(rates))
-    best = _best([c[:4] + (r,) for c, r in zip(choices, rates, strict=True)], ac.min_gain, st.model_level)
+    best = _best([c._replace(rate=r) for c, r in zip(choices, rates, strict=True)], ac.min_gain, st.model_level)
     streak = st.model_streak + 1 if best == st.model_next else 1
     if best != st.model_level and streak >= MODEL_HOLD:  # a preference held MODEL_HOLD periods
         st = replace(st, model_level=best, model_next=best, model_streak=streak, churn=churn)
@@ -552,12 +553,23 @@ def _engine(dec: DecodeFit, pre: PrefillFit, prev: Engine | None) -> Engine | No
     return Engine(line[0], line[1], coef[0], coef[1])
 
 
-_Choice = tuple[float, float, float, float, float]
-"""(extra tokens, protected tokens, n, k, predicted steps/s) of one level."""
+class Choice(NamedTuple):
+    """What one admission level means on a backend, and what the model predicts of it."""
+
+    extra: float
+    """Tokens admitted beyond the watermarks."""
+    protect: float
+    """Tokens kept referenced (inf: all that fit)."""
+    n: float
+    """Programs running."""
+    k: float
+    """Programs with their KV protected."""
+    rate: float
+    """Predicted steps/s (0: no engine model yet)."""
 
 
 def _choices(v: BackendView, lp: Loop, e: Engine | None, ac: AdmissionConfig, level: int,
-             tokens_per_step: float) -> tuple[list[_Choice], float]:
+             tokens_per_step: float) -> tuple[list[Choice], float]:
     """Every level's choice, and the churn: the tokens per step the engine prefilled beyond
     what the model predicts at the current level. Churn comes from programs rotating through
     the backend (paused, their KV dropped, restored later); it shrinks as a level runs more of
@@ -578,22 +590,22 @@ def _choices(v: BackendView, lp: Loop, e: Engine | None, ac: AdmissionConfig, le
     extras[-1] = max(extras[-1], min(ac.max_overcommit * v.pool, 2.0 * top))
     ns = [max(1.0, min(float(v.supply), (base + x) / w) if v.supply else (base + x) / w) for x in extras]
     if e is None:
-        return [(extras[j], math.inf, ns[j], min(ns[j], k_fit), 0.0) for j in range(ac.levels + 1)], 0.0
+        return [Choice(extras[j], math.inf, ns[j], min(ns[j], k_fit), 0.0) for j in range(ac.levels + 1)], 0.0
     n_cur = ns[min(level, ac.levels)]
     churn = 0.0
     if tokens_per_step > 0:
         churn = max(0.0, tokens_per_step - predict(n_cur, min(n_cur, k_fit), e, lp).uncached)
     rotating = float(v.supply) - n_cur
-    out: list[_Choice] = []
+    out: list[Choice] = []
     for j, n in enumerate(ns):
         c = churn * max(0.0, float(v.supply) - n) / rotating if rotating > 0 else 0.0
         k = min(n, k_fit)
-        best = (predict(n, k, e, lp, c).rate, math.inf, k)
-        if lp.refs and j > 0:
+        choice = Choice(extras[j], math.inf, n, k, predict(n, k, e, lp, c).rate)
+        if lp.refs and j > 0:  # none protected (only the shared prefix), if that predicts better
             none = predict(n, 0.0, e, lp, c).rate
-            if none > best[0] * (1.0 + ac.min_gain):
-                best = (none, v.shared, 0.0)
-        out.append((extras[j], best[1], n, best[2], best[0]))
+            if none > choice.rate * (1.0 + ac.min_gain):
+                choice = Choice(extras[j], v.shared, n, 0.0, none)
+        out.append(choice)
     return out, churn
 
 
@@ -607,11 +619,11 @@ def level_share(j: int, levels: int) -> float:
     return (g ** j - 1.0) / (g ** levels - 1.0)
 
 
-def _best(choices: list[_Choice], min_gain: float, current: int) -> int:
+def _best(choices: list[Choice], min_gain: float, current: int) -> int:
     """The level with the highest predicted rate, with hysteresis: leaving level 0, or the
     current choice, needs a predicted gain of ``min_gain``; among levels within it of the best,
     the lowest (fewer programs, less at risk)."""
-    rates = [c[4] for c in choices]
+    rates = [c.rate for c in choices]
     top = max(rates)
     if top <= 0 or top <= rates[0] * (1.0 + min_gain):
         return 0
@@ -656,7 +668,7 @@ def _set_level(st: AdmissionState, level: int) -> AdmissionState:
                    since_probe=0)
 
 
-def _maybe_probe(st: AdmissionState, ac: AdmissionConfig, v: BackendView, choices: list[_Choice],
+def _maybe_probe(st: AdmissionState, ac: AdmissionConfig, v: BackendView, choices: list[Choice],
                  tick: float, cycle: int) -> AdmissionState:
     """Every ``probe_every_periods`` (times the direction's back-off) move up or down
     (alternating) to measure a level against the window so far; every other probe down from
@@ -687,7 +699,7 @@ def _maybe_probe(st: AdmissionState, ac: AdmissionConfig, v: BackendView, choice
             to = 0  # down, a thrashing level can lose more than its programs: the watermarks
         if to is None:
             continue
-        if d > 0 and ac.probe_up == "on" and choices[to][4] < (1.0 + ac.min_gain) * choices[st.level][4]:
+        if d > 0 and ac.probe_up == "on" and choices[to].rate < (1.0 + ac.min_gain) * choices[st.level].rate:
             continue
         st = replace(st, base_rate=st.measured, base_steps=st.win_steps, base_phi=_dispersion(st), reference=reference,
                      probe_from=st.level,
@@ -711,13 +723,13 @@ def _detectable(rate: float, steps: int, ac: AdmissionConfig, tick: float) -> fl
     return max(math.log1p(ac.probe_margin), ac.probe_sigmas * math.sqrt(1.0 / max(steps, 1) + 1.0 / expected))
 
 
-def _probe_level(level: int, d: int, choices: list[_Choice], need: float) -> int | None:
+def _probe_level(level: int, d: int, choices: list[Choice], need: float) -> int | None:
     """The nearest level the ``d`` way whose program count differs from the current one by a
     log ratio of at least ``need``; None when none does."""
-    n0 = max(choices[level][2], 1.0)
+    n0 = max(choices[level].n, 1.0)
     j = level + d
     while 0 <= j < len(choices):
-        if abs(math.log(max(choices[j][2], 1.0) / n0)) >= need:
+        if abs(math.log(max(choices[j].n, 1.0) / n0)) >= need:
             return j
         j += d
     return None
@@ -757,9 +769,9 @@ def _end_probe(st: AdmissionState, ac: AdmissionConfig, now: float, cycle: int) 
     return replace(st, probe=0, probe_left=0, reference=False)
 
 
-def _apply(st: AdmissionState, choices: list[_Choice]) -> AdmissionState:
+def _apply(st: AdmissionState, choices: list[Choice]) -> AdmissionState:
     extra, protect, n, k, rate = choices[st.level]
-    return replace(st, extra=extra, protect=protect, n=n, k=k, predicted=rate, predicted_fixed=choices[0][4])
+    return replace(st, extra=extra, protect=protect, n=n, k=k, predicted=rate, predicted_fixed=choices[0].rate)
 
 
 def summarize(views: list[dict[str, object]]) -> str:

@@ -14,9 +14,9 @@ it is placed, so capacity accumulates for it. ``build`` also drops entries that 
 tick — larger than the most room of any open backend, pool or (gated) HBM; rooms only shrink
 while placing — but keeps the best-ordered long waiter among them, so it still reserves.
 
-The heap holds ``(since, tokens, id, program, cost)`` tuples — the sort keys first, compared in
-C — and ``QueueEntry`` names one when it is taken off the heap (``pop``): thousands wait, a few
-dozen are looked at per tick.
+The heap holds ``Waiting`` items — named tuples whose sort keys come first, so the heap
+compares them in C — and ``QueueEntry`` adds what placement needs to the one taken off the heap
+(``pop``): thousands wait, a few dozen are looked at per tick.
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from thunder_sgl.config import SchedulerConfig
 from thunder_sgl.programs import Program
-from thunder_sgl.scheduler.cost import ProgramCost, program_cost
+from thunder_sgl.scheduler.cost import ProgramCost, cost_of
 
 INF = float("inf")
 
@@ -49,7 +50,20 @@ class QueueEntry:
 
 
 
-HeapItem = tuple[float, int, str, Program, ProgramCost]
+class Waiting(NamedTuple):
+    """One waiting program on the heap, ordered by its first three fields (the id is unique,
+    so the program is never compared)."""
+
+    since: float
+    """Start of the wait minus the class head start."""
+    tokens: int
+    """Its context c (fewer first)."""
+    id: str
+    program: Program
+    cost: ProgramCost
+
+
+_new = tuple.__new__
 
 
 @dataclass(slots=True)
@@ -78,7 +92,7 @@ class Smallest:
                 self.gated_hbm = hbm_need
 
 
-def item(p: Program, cfg: SchedulerConfig, default_out: float) -> HeapItem | None:
+def item(p: Program, cfg: SchedulerConfig, default_out: float) -> Waiting | None:
     """The heap item of a waiting program (None for one known only by its sandbox so far:
     nothing to run, nothing to size)."""
     if not p.admitted and not p.held:
@@ -89,24 +103,24 @@ def item(p: Program, cfg: SchedulerConfig, default_out: float) -> HeapItem | Non
     g = p.group
     if g is not None and g.done and cfg.groups:
         since -= cfg.group_bonus_seconds * g.done_share
-    pc = program_cost(p, default_out)
-    return (since, pc.tokens, p.id, p, pc)
+    pc = cost_of(p, default_out)
+    return _new(Waiting, (since, pc.tokens, p.id, p, pc))
 
 
-def entry(it: HeapItem, cfg: SchedulerConfig) -> QueueEntry:
-    p, pc = it[3], it[4]
+def entry(it: Waiting, cfg: SchedulerConfig) -> QueueEntry:
+    p, pc = it.program, it.cost
     gated = cfg.tier_aware and p.held > 0
     waited_from = p.waiting_since if p.waiting_since is not None else p.created_at
-    return QueueEntry(p, pc, it[0], waited_from, gated, pc.private, pc.hbm if gated else -INF)
+    return QueueEntry(p, pc, it.since, waited_from, gated, pc.private, pc.hbm if gated else -INF)
 
 
-def pop(heap: list[HeapItem], cfg: SchedulerConfig) -> QueueEntry:
+def pop(heap: list[Waiting], cfg: SchedulerConfig) -> QueueEntry:
     return entry(heapq.heappop(heap), cfg)
 
 
-def _needs(it: HeapItem, gate: bool) -> tuple[int, float, float]:
+def _needs(it: Waiting, gate: bool) -> tuple[int, float, float]:
     """(pool need, HBM need or −inf, start of the wait) of a heap item."""
-    p, pc = it[3], it[4]
+    p, pc = it.program, it.cost
     w = p.waiting_since if p.waiting_since is not None else p.created_at
     return pc.private, (pc.hbm if gate and p.held else -INF), w
 
@@ -115,19 +129,19 @@ def order(waiting: Iterable[Program], cfg: SchedulerConfig) -> list[Program]:
     """The global queue, best first (for /programs and for prefetching sandboxes)."""
     default_out = float(cfg.default_output_tokens)
     items = [it for p in waiting if (it := item(p, cfg, default_out)) is not None]
-    items.sort(key=lambda it: it[:3])
-    return [it[3] for it in items]
+    items.sort()
+    return [it.program for it in items]
 
 
 def build(waiting: Iterable[Program], cfg: SchedulerConfig, now: float, room: float = INF,
-          hbm_room: float = INF) -> tuple[list[HeapItem], Smallest]:
+          hbm_room: float = INF) -> tuple[list[Waiting], Smallest]:
     """The queue as a heap of the entries that may fit under ``room`` / ``hbm_room`` (the most
     of any open backend), plus the reserving long waiter; and the smallest needs among them.
     (The hot loop of a tick with thousands waiting: ``item`` and ``_needs`` written out.)"""
     default_out = float(cfg.default_output_tokens)
-    heap: list[HeapItem] = []
+    heap: list[Waiting] = []
     smallest = Smallest()
-    blocker: HeapItem | None = None
+    blocker: Waiting | None = None
     gate = cfg.tier_aware
     reserve_after = cfg.reserve_after_seconds
     held_bonus, idle_bonus = cfg.held_bonus_seconds, cfg.idle_bonus_seconds
@@ -141,12 +155,12 @@ def build(waiting: Iterable[Program], cfg: SchedulerConfig, now: float, room: fl
         g = p.group
         if g is not None and g.done and group_bonus:
             since -= group_bonus * g.done_share
-        pc = program_cost(p, default_out)
-        it = (since, pc.tokens, p.id, p, pc)
+        pc = cost_of(p, default_out)
+        it = _new(Waiting, (since, pc.tokens, p.id, p, pc))
         need = pc.private
         hneed = pc.hbm if gate and held else -INF
         if need > room or hneed > hbm_room:
-            if now - waited_from >= reserve_after and (blocker is None or it[:3] < blocker[:3]):
+            if now - waited_from >= reserve_after and (blocker is None or it < blocker):
                 blocker = it
             continue
         smallest.add(need, hneed)
@@ -157,14 +171,14 @@ def build(waiting: Iterable[Program], cfg: SchedulerConfig, now: float, room: fl
     return heap, smallest
 
 
-def prune(heap: list[HeapItem], room: float, hbm_room: float, now: float,
-          cfg: SchedulerConfig) -> tuple[list[HeapItem], Smallest]:
+def prune(heap: list[Waiting], room: float, hbm_room: float, now: float,
+          cfg: SchedulerConfig) -> tuple[list[Waiting], Smallest]:
     """The entries that may still fit under the current rooms (a heap again), plus — as in
     ``build`` — the best-ordered one among the rest that waited past the reservation age; and
     the new smallest needs."""
-    keep: list[HeapItem] = []
+    keep: list[Waiting] = []
     smallest = Smallest()
-    blocker: HeapItem | None = None
+    blocker: Waiting | None = None
     gate = cfg.tier_aware
     reserve_after = cfg.reserve_after_seconds
     for it in heap:
@@ -172,7 +186,7 @@ def prune(heap: list[HeapItem], room: float, hbm_room: float, now: float,
         if need <= room and hneed <= hbm_room:
             keep.append(it)
             smallest.add(need, hneed)
-        elif now - waited_from >= reserve_after and (blocker is None or it[:3] < blocker[:3]):
+        elif now - waited_from >= reserve_after and (blocker is None or it < blocker):
             blocker = it
     if blocker is not None:
         keep.append(blocker)

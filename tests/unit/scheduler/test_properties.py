@@ -175,7 +175,7 @@ def test_a_workload_that_fits_hbm_plus_host_causes_no_pauses_but_does_without_ho
 @SETTINGS
 @given(scenarios())
 def test_the_written_out_accounting_equals_the_cost_functions(s):
-    """``BackendLoad.account`` inlines ``program_cost`` and ``weight`` for speed; the Members
+    """``BackendLoad.account`` inlines ``weight`` for speed; the Members
     that ``members`` builds from the functions themselves give the same totals, and the demand
     equals the independent reference."""
     cfg, backends, table, now = s
@@ -199,7 +199,7 @@ def test_the_written_out_accounting_equals_the_cost_functions(s):
         from thunder_sgl.scheduler.core import _pause_order
 
         by_members = [m.program.id for m in sorted(ld.members(idle_only=True), key=_pause_order)]
-        assert [c[3] for c in ld.pause_candidates()] == by_members
+        assert [c.id for c in ld.pause_candidates()] == by_members
         from thunder_sgl.scheduler.cost import in_flight_hbm, program_cost
 
         out = float(cfg.default_output_tokens)
@@ -207,3 +207,43 @@ def test_the_written_out_accounting_equals_the_cost_functions(s):
         for exclude in (None, *on_b[:1]):
             want = sum(program_cost(q, out).hbm for q in on_b if q.in_flight and q is not exclude)
             assert math.isclose(in_flight_hbm(table.placed_on(b.key), out, exclude), want, rel_tol=1e-9, abs_tol=EPS)
+
+
+_MUTATIONS = ("start", "finish", "hold", "unhold", "group_learns", "prefix", "nothing")
+
+
+@SETTINGS
+@given(steps=st.lists(st.tuples(st.sampled_from(_MUTATIONS), st.integers(0, 20_000)), max_size=40),
+       default_out=st.sampled_from([64.0, 256.0]))
+def test_the_cached_cost_equals_a_fresh_one_after_every_change(steps, default_out):
+    """``cost_of`` computes a program's cost again only when the program changed: whatever
+    sequence of requests, holds, learned prefixes and group prompts, the cached cost equals one
+    computed afresh, and an unchanged program returns the very same object."""
+    from thunder_sgl.programs import Usage
+    from thunder_sgl.scheduler.cost import cost_of, program_cost
+
+    table = ProgramTable()
+    p = table.create("p", 0.0, "task", 300)
+    p.group_key = p.group.key
+    table.admit(p, "b", 0.0)
+    now = 0.0
+    for kind, n in steps:
+        now += 1.0
+        if kind == "start":
+            p.start_request(now, n)
+        elif kind == "finish" and p.in_flight:
+            p.finish_request(now, Usage(n, n % 300), 0.3)
+        elif kind == "hold":
+            p.hold(now, n)
+        elif kind == "unhold" and p.held:
+            p.unhold()
+        elif kind == "group_learns":
+            p.group.first_step(n, 0)
+            p.group.first_step(n, 0)
+        elif kind == "prefix":
+            p.prefix_key, p.shared_prefix_tokens = "sys", n % 4000
+        first = cost_of(p, default_out)
+        assert first == program_cost(p, default_out)
+        assert cost_of(p, default_out) is first
+        other = 128.0
+        assert cost_of(p, other) == program_cost(p, other)

@@ -191,6 +191,9 @@ class _Scrape:
     workers: list[str | None] = field(default_factory=list)
     loads: list[list[dict[str, Any]] | None] = field(default_factory=list)
     cpu: dict[str, float] = field(default_factory=dict)
+    admission: str | None = None
+    """thunder's /metrics a second before the measured window ends, while the programs still
+    run (the admission state after the clients stop describes no load)."""
 
 
 def http_run(cluster: Cluster, plan: RunPlan, progress: Progress, keep_logs: Path,
@@ -289,9 +292,18 @@ async def _measure(workers: Workers, router: Proc | None, plan: RunPlan, progres
                 if router is not None and not router.alive():
                     progress.status("router died")
 
+        admission: str | None = None
+
+        async def near_end() -> None:
+            nonlocal admission
+            await asyncio.sleep(max(0.0, (plan.warmup_s + plan.duration_s) / scale - 1.0))
+            admission = await scrape(http, router.url) if router is not None else None
+
         tasks = [asyncio.create_task(c) for c in (sampler.run(), watch())]
         if warm_wall > 0:
             tasks.append(asyncio.create_task(at_warmup()))
+        if thunder:
+            tasks.append(asyncio.create_task(near_end()))
         try:
             target: str | list[str] = router.url if router is not None else workers.urls
             work = await run_workload(target, plan.profile, plan.programs,
@@ -303,6 +315,7 @@ async def _measure(workers: Workers, router: Proc | None, plan: RunPlan, progres
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         end = await _scrape(http, workers, router, thunder)
+        end.admission = admission
     return work, warm, end, sampler.samples, lags
 
 
@@ -345,7 +358,7 @@ def _fill(r: RunResult, plan: RunPlan, work: WorkloadResult, warm: _Scrape, end:
         counts = {k: parse_counter(end.router, f"thunder_{k}") - parse_counter(warm.router, f"thunder_{k}")
                   for k in ("pauses", "restores", "migrations", "held")}
         notes.append(", ".join(f"{k} {v:.0f}" for k, v in counts.items()))
-        adm = _admission(end.router)
+        adm = _admission(end.admission or end.router)
         if adm:
             notes.append(f"admission={adm}")
     if eb["prefill_s"] or eb["decode_s"]:
