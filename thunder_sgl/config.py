@@ -252,6 +252,16 @@ class ProgramsConfig:
     completed_groups_kept: int = 1000
     """Completed groups kept for ``GET /groups`` (their members' completion times)."""
 
+    infer_ids: bool = True
+    """A chat request with no program id is matched to a program by its messages
+    (``control.conversations``); False: such requests are stateless."""
+
+    inferred_idle_min_seconds: float = 60.0
+    """An inferred program is released after ``inferred_idle_tool_factor`` × the longest tool
+    time it has shown, at least this, at most ``idle_timeout_seconds``."""
+
+    inferred_idle_tool_factor: float = 4.0
+
     def __post_init__(self) -> None:
         if self.group_id_pattern is not None:
             try:
@@ -259,12 +269,20 @@ class ProgramsConfig:
             except re.error as e:
                 raise ConfigError(f"programs.group_id_pattern is not a valid regular expression: {e}") from None
         _check(self.completed_groups_kept >= 0, "programs.completed_groups_kept must be >= 0")
+        _check(self.inferred_idle_min_seconds > 0, "programs.inferred_idle_min_seconds must be > 0")
+        _check(self.inferred_idle_tool_factor >= 1, "programs.inferred_idle_tool_factor must be >= 1")
         _check(self.idle_timeout_seconds > 0, "programs.idle_timeout_seconds must be > 0")
         _check(self.max_programs >= 1, "programs.max_programs must be >= 1")
         _check(self.chars_per_token > 0, "programs.chars_per_token must be > 0")
         _check(0 < self.size_ema_alpha <= 1, "programs.size_ema_alpha must be in (0, 1]")
 
-    _TIME_FIELDS = ("idle_timeout_seconds",)
+    _TIME_FIELDS = ("idle_timeout_seconds", "inferred_idle_min_seconds")
+
+    def inferred_idle_seconds(self, longest_tool_s: float) -> float:
+        """The idle timeout of an inferred program that has shown tools of up to
+        ``longest_tool_s`` (docs/deploy.md, "Program ids")."""
+        return min(self.idle_timeout_seconds,
+                   max(self.inferred_idle_min_seconds, self.inferred_idle_tool_factor * longest_tool_s))
 
 
 @dataclass(frozen=True)

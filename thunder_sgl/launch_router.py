@@ -48,6 +48,9 @@ def add_thunder_args(parser: argparse.ArgumentParser) -> None:
                         "measured steps/s), occupancy (the previous rule), fixed (the watermarks only)")
     g.add_argument("--thunder-lambda-min", type=float, default=None, help="override scheduler.lambda_min")
     g.add_argument("--thunder-idle-timeout-secs", type=float, default=None, help="override programs.idle_timeout_seconds")
+    g.add_argument("--thunder-infer-program-ids", default=None, choices=["on", "off"],
+                   help="override programs.infer_ids: a chat request without a program id joins the program whose "
+                        "conversation it continues (default on; docs/deploy.md, 'Program ids')")
     g.add_argument("--thunder-group-id-pattern", default=None,
                    help="override programs.group_id_pattern: derive a group from the program id (regex, first capture group)")
     g.add_argument("--thunder-admin-api-key", default=None, help="key for admin routes (workers, flush, listing/releasing all programs)")
@@ -133,6 +136,7 @@ def serve(args: argparse.Namespace, argv: Sequence[str]) -> None:
         "scheduler.lambda_min": args.thunder_lambda_min,
         "scheduler.admission.mode": args.thunder_admission,
         "programs.idle_timeout_seconds": args.thunder_idle_timeout_secs,
+        "programs.infer_ids": None if args.thunder_infer_program_ids is None else args.thunder_infer_program_ids == "on",
         "programs.group_id_pattern": args.thunder_group_id_pattern,
         "sandboxes.provider": args.thunder_sandbox_provider,
         "gateway.worker_urls": list(args.worker_urls) if args.worker_urls else None,

@@ -49,6 +49,21 @@ def test_http_sweep_writes_every_file_with_plausible_numbers(tmp_path):
     assert not (d / "logs").exists()  # logs are kept for failed runs only
 
 
+def test_thunder_with_inferred_ids_serves_clients_that_send_none(tmp_path):
+    """``thunder-inferred``: the driver sends no program id and releases nothing; the router
+    infers the programs, so it pauses, holds and keeps hits like thunder with ids."""
+    spec = BenchSpec(cluster="tiny", nodes=1, programs=(6,), routers=("thunder", "thunder-inferred"),
+                     duration_s=200, warmup_s=40, time_scale=40, seed=3, mode="http", name="inferred",
+                     out=tmp_path)
+    explicit, inferred = run_bench(spec, progress=QuietProgress())
+    for r in (explicit, inferred):
+        assert not r.errors.get(FAILED), r.notes
+        assert r.steps_completed > 0 and "pauses" in r.notes
+    assert inferred.kv_hit_rate == pytest.approx(explicit.kv_hit_rate, abs=0.1)
+    with pytest.raises(ValueError, match="http or real mode"):
+        BenchSpec(routers=("thunder-inferred",), mode="des")
+
+
 def test_router_that_fails_to_start_is_recorded_and_the_sweep_goes_on(tmp_path):
     spec = BenchSpec(cluster="tiny", programs=(2,), routers=("thunder-paper", "thunder"),
                      router_args=(("thunder-paper", "--thunder-lambda-max -1"),),

@@ -166,6 +166,42 @@ def test_idle_programs_are_released_after_the_idle_timeout():
     assert [p.id for p in c.tick(102.0).released] == ["p"] and len(c.programs) == 0
 
 
+def test_an_inferred_program_is_released_after_its_tool_derived_idle_timeout_and_comes_back_under_its_id():
+    """``ProgramsConfig.inferred_idle_seconds``: 4 x the longest tool seen, at least 60 s, at
+    most the idle timeout; a program that sent its id keeps the idle timeout."""
+    cfg = RouterConfig(programs=ProgramsConfig(idle_timeout_seconds=1000.0))
+    assert [cfg.programs.inferred_idle_seconds(t) for t in (0.0, 5.0, 30.0, 600.0)] == [60.0, 60.0, 120.0, 1000.0]
+    c = Controller(cfg)
+    c.add_backend(Backend("http://w0", 0, Tiers(hbm_tokens=10_000)))
+
+    def inferred_step(now: float) -> None:
+        t = Ticket("inf-1", prompt_chars=400, inferred=True, conversation=b"h")
+        if c.submit(t, now) is None:
+            assert t in c.tick(now).dispatched
+        c.finish(t, now + 1, Usage(100, 10))
+
+    inferred_step(0.0)
+    inferred_step(31.0)  # a 30 s tool: the idle timeout becomes 120 s
+    step(c, "explicit", 100, 10, 0.0)
+    p = c.programs.get("inf-1")
+    assert p.inferred and p.max_tool_seconds == 30.0 and not c.programs.get("explicit").inferred
+    assert c.tick(150.0).released == []
+    assert [q.id for q in c.tick(153.5).released] == ["inf-1"]
+    inferred_step(200.0)  # the agent comes back after a long tool: the same id, a new program
+    assert c.programs.get("inf-1").steps == 1 and c.programs.get("explicit") is not None
+
+
+def test_the_program_a_conversation_creates_counts_its_stateless_first_request():
+    c = make()
+    t = Ticket("inf-2", prompt_chars=4000, inferred=True, adopt=(Usage(900, 100, 0), "http://w0", 5.0))
+    assert c.submit(t, 20.0) is None and t in c.tick(20.0).dispatched
+    p = c.programs.get("inf-2")
+    assert (p.steps, p.prompt_tokens_total, p.completion_tokens_total, p.prev_backend) == (1, 900, 100, "http://w0")
+    assert p.max_tool_seconds == 15.0  # from the first answer to the second request (its idle timeout)
+    c.finish(t, 21.0, Usage(1100, 50, 1000))
+    assert (p.steps, p.context_tokens, p.cached_tokens_total) == (2, 1150, 1000)
+
+
 @pytest.mark.parametrize(
     ("limits", "fill"),
     [({"max_waiting_programs": 2}, 2), ({"max_held_requests": 3}, 3)],

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from thunder_sgl import __version__
 from thunder_sgl.benchmark.measures.ideal import ideal_steps_per_min as physical_bound
 from thunder_sgl.benchmark.reports.progress import LiveProgress, Progress
-from thunder_sgl.benchmark.reports.results import ALL_ROUTERS, ROUTERS, RunResult
+from thunder_sgl.benchmark.reports.results import ALL_ROUTERS, ROUTERS, THUNDER_INFERRED, RunResult
 from thunder_sgl.benchmark.reports.sweep import FAILED, load_meta, load_results, write_report
 from thunder_sgl.benchmark.rollout.spec import RolloutSpec
 from thunder_sgl.benchmark.workloads.profile import WorkloadProfile, load_profile
@@ -111,6 +111,9 @@ class BenchSpec:
             raise ValueError("router_args names a router that is not in the sweep")
         if self.nodes < 1 or self.duration_s <= 0 or self.warmup_s < 0 or self.time_scale <= 0:
             raise ValueError("need nodes >= 1, duration > 0, warmup >= 0, time scale > 0")
+        if self.mode == "des" and THUNDER_INFERRED in self.routers:
+            raise ValueError(f"{THUNDER_INFERRED} needs the router process (http or real mode): the DES drives "
+                             "the scheduler with the program ids")
         if self.mode == "real" and self.time_scale != 1.0:
             raise ValueError("real mode runs in real time: --time-scale must be 1")
         if self.rollout is not None and self.rollout.mode == "sync" and (

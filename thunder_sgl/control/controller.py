@@ -362,6 +362,10 @@ class Controller:
         p = self.programs.create(t.program_id, now, t.group_id, int(t.group_chars / cpt))  # type: ignore[arg-type]
         if p.group is not None and self.sched.groups:
             p.group_key = p.group.key
+        p.inferred = t.inferred
+        if t.adopt is not None:
+            usage, backend, finished = t.adopt
+            p.adopt(usage, backend, finished, now, self.sched.output_ema_alpha)
         if t.prefix_key:
             p.prefix_key = t.prefix_key
             p.shared_prefix_tokens = self._prefix_tokens.get(
@@ -494,9 +498,10 @@ class Controller:
         return out
 
     def _release_idle(self, now: float) -> list[Program]:
-        limit = self.cfg.programs.idle_timeout_seconds
+        pc = self.cfg.programs
+        limit = pc.idle_timeout_seconds
         idle = [p.id for p in self.programs if not p.in_flight and not p.held and not p.tool_running
-                and now - p.last_active > limit]
+                and now - p.last_active > (pc.inferred_idle_seconds(p.max_tool_seconds) if p.inferred else limit)]
         out = []
         for pid in idle:
             p, _ = self.release(pid, now)

@@ -49,6 +49,17 @@ class Ticket:
     None: it carries none."""
     window_mark: float = 0.0
     """``Windows.elapsed`` when the ticket was held: window time is not held time."""
+    inferred: bool = False
+    """The program id was inferred from the messages (``conversations``), not sent."""
+    conversation: bytes | None = None
+    """No program id sent: the chain hash of the request's messages, which its answer extends."""
+    conversation_id: str | None = None
+    """No program id sent: the program its answer is recorded under (``conversations``); the
+    request of a new conversation goes statelessly (``program_id`` None) and names here the
+    program its next request will create."""
+    adopt: tuple[Any, str | None, float] | None = None
+    """(usage, backend key, end time) of a conversation's first request, which ran statelessly:
+    counted by the program this ticket creates (``Program.adopt``)."""
 
     @property
     def held_seconds(self) -> float:

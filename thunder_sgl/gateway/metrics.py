@@ -114,6 +114,17 @@ class _StateCollector(Collector):
             ("thunder_usage_cached_tokens", s.cached_tokens, "Cached prompt tokens reported in usage"),
         ):
             yield CounterMetricFamily(name, doc, value=value)
+        conv = self.gw.conversations
+        if conv is not None:
+            inf = CounterMetricFamily("thunder_inferred_requests", "Chat requests without a program id, by how "
+                                      "their program was inferred: matched (an existing program), new, ambiguous "
+                                      "(several programs: sent statelessly), busy (its program had a request out: "
+                                      "sent statelessly)", labels=["result"])
+            for k, v in conv.counts.items():
+                inf.add_metric([k], v)
+            yield inf
+            yield GaugeMetricFamily("thunder_inferred_conversations", "Conversations the program inference tracks",
+                                    value=len(conv))
         rate = s.cached_tokens / s.prompt_tokens if s.prompt_tokens else 0.0
         yield GaugeMetricFamily("thunder_kv_hit_rate", "Cached / prompt tokens seen in usage since start", value=rate)
         demand = GaugeMetricFamily("thunder_backend_demand_tokens", "Decayed program demand per backend at the last tick",

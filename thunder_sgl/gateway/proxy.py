@@ -33,13 +33,14 @@ from starlette.responses import Response
 
 from thunder_sgl.backends.backend import Backend
 from thunder_sgl.config import GatewayConfig
+from thunder_sgl.control.conversations import answer_message
 from thunder_sgl.control.tickets import Ticket
 from thunder_sgl.errors import ThunderError, UpstreamError
 from thunder_sgl.gateway.inbound import PATHS, Inbound
 from thunder_sgl.gateway.sse import Last, SSEResponse
 from thunder_sgl.gateway.upstream import Pool, UpstreamBodyError, UpstreamConnectError
 from thunder_sgl.gateway.upstream import Response as UpstreamResponse
-from thunder_sgl.gateway.usage import SSETap, usage_from_body
+from thunder_sgl.gateway.usage import SSETap, usage_from_body, usage_from_openai
 from thunder_sgl.programs import Usage
 
 log = logging.getLogger("thunder_sgl.proxy")
@@ -66,8 +67,9 @@ class Runtime(Protocol):
         """``t``'s backend could not be reached before any byte: requeue its program."""
         ...
 
-    def finish(self, t: Ticket, usage: Usage | None) -> None:
-        """``t``'s request ended (usage None: failed or aborted)."""
+    def finish(self, t: Ticket, usage: Usage | None, answer: dict[str, Any] | None = None) -> None:
+        """``t``'s request ended (usage None: failed or aborted); ``answer``: the assistant
+        message relayed, for a ticket whose program was inferred."""
         ...
 
     def spawn(self, coro: Awaitable[Any], name: str) -> None:
@@ -212,7 +214,14 @@ class Proxy:
                 self.errors.labels(f"http_{status}").inc()
                 raise UpstreamError(f"worker answered {status}: {data[:500].decode(errors='replace')}", code=f"upstream_{status}")
             return Response(openai_shaped(data, status), status_code=status, media_type="application/json")
-        self.finish(t, usage_from_body(x.inbound.route, data))
+        if t.conversation_id is None:
+            self.finish(t, usage_from_body(x.inbound.route, data))
+        else:  # a tracked conversation: its answer extends it (``conversations``)
+            try:
+                obj = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                obj = None
+            self.finish(t, usage_from_openai(obj), answer_message(obj))
         return Response(data, status_code=200, media_type=resp.content_type)
 
     async def _relay(self, x: Exchange, resp: UpstreamResponse) -> AsyncIterator[bytes]:
@@ -223,7 +232,8 @@ class Proxy:
         every request to it until its next good poll. A retry that cannot connect fails over
         (``_open``)."""
         t, inbound = x.ticket, x.inbound
-        tap = SSETap(inbound.route, inbound.include_usage)
+        collect = t.conversation_id is not None
+        tap = SSETap(inbound.route, inbound.include_usage, collect)
         sent = False
         ok = False
         live = True  # the worker may still be generating the current attempt: abort it if we stop
@@ -261,7 +271,7 @@ class Proxy:
                 live = False
                 x.rid = f"{first_rid}-retry{attempt}"
                 x.payload = _with_rid(x.payload, x.rid)
-                tap = SSETap(inbound.route, inbound.include_usage)  # forget a partial event of the broken stream
+                tap = SSETap(inbound.route, inbound.include_usage, collect)  # forget a partial event of the broken stream
                 try:
                     resp = await self._open(x, None)
                 except ThunderError as e:
@@ -280,7 +290,7 @@ class Proxy:
             else:
                 resp.release()
             if t.backend is not None:
-                self.finish(t, tap.usage if ok else None)
+                self.finish(t, tap.usage if ok else None, tap.answer.message() if ok and tap.answer else None)
 
     async def abort(self, b: Backend | None, rid: str) -> None:
         """Ask ``b``'s worker to stop generating ``rid`` (the client is gone, or the stream broke).

@@ -26,6 +26,7 @@ def describe(p: Program, now: float, wall_offset: float, sandboxes: dict[str, An
     paused_for = (now - p.paused_since) if p.paused_since is not None else 0.0
     return {
         "id": p.id,
+        "inferred": p.inferred,
         "state": p.state.value if p.admitted else "new",
         "phase": p.phase.value,
         "group": p.group.id if p.group is not None else None,
@@ -44,6 +45,7 @@ def describe(p: Program, now: float, wall_offset: float, sandboxes: dict[str, An
         "time_paused_seconds": round(p.total_paused_seconds + paused_for, 3),
         "tool_seconds_total": round(p.total_tool_seconds, 3),
         "last_tool_seconds": round(p.last_tool_seconds, 3),
+        "longest_tool_seconds": round(p.max_tool_seconds, 3),
         "tokens": {"prompt": p.prompt_tokens_total, "cached": p.cached_tokens_total,
                    "completion": p.completion_tokens_total},
         "created_at": p.created_at + wall_offset,

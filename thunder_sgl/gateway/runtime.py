@@ -25,6 +25,7 @@ from thunder_sgl.backends.backend import Backend
 from thunder_sgl.backends.monitor import Monitor, Worker
 from thunder_sgl.config import RouterConfig
 from thunder_sgl.control.controller import Controller
+from thunder_sgl.control.conversations import Conversations
 from thunder_sgl.control.tickets import Ticket, TickResult
 from thunder_sgl.errors import NotFound, Overloaded, ThunderError
 from thunder_sgl.gateway.aborted import RequestAborted
@@ -65,6 +66,8 @@ class Gateway:
         self.proxy = Proxy(self, self.upstream, config.gateway, self.upstream_auth(), self.metrics.upstream_errors,
                            lambda: self.session)
         self.rids: dict[str, Ticket] = {}
+        pc = config.programs
+        self.conversations = Conversations(pc.idle_timeout_seconds, pc.max_programs) if pc.infer_ids else None
 
     # ---- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -183,9 +186,39 @@ class Gateway:
             if watcher is not None:
                 watcher.cancel()
 
-    def finish(self, t: Ticket, usage: Usage | None) -> None:
+    def finish(self, t: Ticket, usage: Usage | None, answer: dict[str, Any] | None = None) -> None:
+        """``t``'s request ended (usage None: failed or aborted); ``answer``: the assistant
+        message relayed, for a request whose conversation is tracked (``conversations``)."""
         self.untrack(t)
-        self._dispatch(self.controller.finish(t, self.clock(), usage))
+        now = self.clock()
+        if answer is not None and usage is not None and t.conversation_id is not None \
+                and t.conversation is not None and self.conversations is not None:
+            first = (usage, t.backend.key if t.backend is not None else None, now) if t.program_id is None else None
+            self.conversations.answered(t.conversation_id, t.conversation, answer, now, first)
+        self._dispatch(self.controller.finish(t, now, usage))
+
+    def infer(self, t: Ticket, messages: list[Any]) -> None:
+        """A chat request that names no program (``conversations``): the first request of a
+        conversation goes statelessly, its answer recorded under the program id its next
+        request creates; a request that continues one conversation is that program's. One
+        that continues several (ambiguous), or whose program has a request out already (an
+        unmodified client is never refused with 409), goes statelessly, unrecorded."""
+        if self.conversations is None:
+            return
+        m = self.conversations.match(messages, self.clock())
+        if m.program_id is None:
+            return
+        if m.kind == "new":
+            t.conversation, t.conversation_id = m.head, m.program_id
+            return
+        p = self.controller.programs.get(m.program_id)
+        if p is not None and (p.in_flight or p.held):
+            self.conversations.counts["busy"] += 1
+            return
+        t.program_id = t.conversation_id = m.program_id
+        t.inferred, t.conversation = True, m.head
+        if p is None and m.first is not None:
+            t.adopt = m.first
 
     # ---- request ids (for /abort_request) ---------------------------------------------
     def track(self, t: Ticket) -> None:
@@ -214,7 +247,11 @@ class Gateway:
         self.send_closes()
 
     def release(self, pid: str) -> Program:
+        """Release a program at its client's request (an inferred one is forgotten too: its
+        conversation ended)."""
         p, held = self.controller.release(pid, self.clock())
+        if self.conversations is not None:
+            self.conversations.forget(pid)
         for t in held:
             self._fail(t, NotFound(f"program {pid!r} was released while this request waited", code="program_released"))
         self._after_release(p)

@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from thunder_sgl.control.conversations import StreamAnswer
 from thunder_sgl.programs import Usage
 
 
@@ -65,12 +66,14 @@ class SSETap:
     not ask for it, that chunk (``choices: []`` + ``usage``) is dropped, and a ``usage`` field
     riding on a content chunk is removed. ``/generate``: every chunk carries cumulative
     ``meta_info``; the last one holds the final counts. Chunk boundaries need not align with
-    events: incomplete events are buffered.
+    events: incomplete events are buffered. ``collect``: also assemble the answer's assistant
+    message (``answer``; every event is parsed then), for a program inferred from its messages.
     """
 
-    def __init__(self, route: str, client_wants_usage: bool) -> None:
+    def __init__(self, route: str, client_wants_usage: bool, collect: bool = False) -> None:
         self.route = route
         self.keep_usage = client_wants_usage or route == "generate"
+        self.answer = StreamAnswer() if collect and route == "chat" else None
         self.usage: Usage | None = None
         self.done = False
         self.tokens_seen = False
@@ -83,7 +86,7 @@ class SSETap:
             self._buf = buf
             return b""
         head, self._buf = buf[:cut], buf[cut + 2:]
-        if self.route != "generate" and b'"usage"' not in head and b"[DONE]" not in head:
+        if self.route != "generate" and b'"usage"' not in head and b"[DONE]" not in head and self.answer is None:
             # content chunks only (most of a stream): passed through as they are, unparsed
             self.tokens_seen = self.tokens_seen or b"data:" in head
             return head + b"\n\n"
@@ -119,12 +122,16 @@ class SSETap:
                 if u is not None:
                     self.usage = u
             return event
-        if b'"usage"' not in payload:
+        if b'"usage"' not in payload and self.answer is None:
             return event
         try:
             obj = orjson.loads(payload)
         except orjson.JSONDecodeError:
             return event
+        if self.answer is not None:
+            self.answer.feed(obj)
+            if b'"usage"' not in payload:
+                return event
         u = usage_from_openai(obj)
         if u is not None:
             self.usage = u

@@ -96,6 +96,10 @@ class Program:
     total_paused_seconds: float = 0.0
     total_tool_seconds: float = 0.0
     last_tool_seconds: float = 0.0
+    max_tool_seconds: float = 0.0
+    """The longest tool time seen (an inferred program's idle timeout is derived from it)."""
+    inferred: bool = False
+    """Its id was inferred from its requests' messages (``control.conversations``)."""
     tool_running: int = 0
     prompt_tokens_total: int = 0
     cached_tokens_total: int = 0
@@ -176,6 +180,8 @@ class Program:
         if self.phase is Phase.ACTING and self.in_flight == 0 and self.steps > 0:
             tool = max(0.0, now - self.acting_since)
             self.last_tool_seconds = tool
+            if tool > self.max_tool_seconds:
+                self.max_tool_seconds = tool
         self.in_flight += 1
         self.phase = Phase.REASONING
         self.pending_prompt_tokens = max(self.pending_prompt_tokens, prompt_estimate)
@@ -208,6 +214,20 @@ class Program:
     def unhold(self) -> None:
         self._require(self.held > 0, "unhold")
         self.held -= 1
+
+    def adopt(self, first: Usage, backend: str | None, finished: float, now: float, alpha: float) -> None:
+        """Count the first request of an inferred program, which ran before the program existed
+        (statelessly, on ``backend``, done at ``finished``; ``control.conversations``): one step,
+        its context and tokens, and the tool time from then to ``now``, its second request."""
+        self._require(self.steps == 0 and self.in_flight == 0, "adopt")
+        self.steps = 1
+        self.context_tokens = first.prompt_tokens + first.completion_tokens
+        self.prompt_tokens_total += first.prompt_tokens
+        self.cached_tokens_total += first.cached_tokens
+        self.completion_tokens_total += first.completion_tokens
+        self.expected_output_tokens = ema(self.expected_output_tokens, float(first.completion_tokens), alpha)
+        self.prev_backend = backend
+        self.last_tool_seconds = self.max_tool_seconds = max(0.0, now - finished)
 
     def reset_kv(self, now: float) -> None:
         """The engine dropped this program's cached KV (new weights, flushed cache): its next

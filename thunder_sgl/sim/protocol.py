@@ -42,6 +42,13 @@ class Parsed:
     """Top-level ``session_id`` (SGLang 0.5.23: all three routes)."""
     weight_version: str = "default"
     """The worker's weight version when the request entered the engine."""
+    sampled: bool = False
+    """An explicit temperature > 0: the answer is drawn per request, not per prompt."""
+
+
+def _sampled(params: Mapping[str, Any]) -> bool:
+    t = params.get("temperature")
+    return isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0
 
 
 def _int(v: Any, name: str) -> int:
@@ -93,6 +100,7 @@ def parse_chat(body: Mapping[str, Any], headers: Mapping[str, str], cfg: SimConf
         "chat", rid, ids, cfg.output.default_max_tokens_chat if mt is None else _int(mt, "max_tokens"),
         bool(body.get("stream", False)), _include_usage(body), bool(body.get("ignore_eos", False)),
         rank, key, bool(body.get("return_cached_tokens_details", False)), int(time.time()), _session(body),
+        sampled=_sampled(body),
     )
 
 
@@ -114,6 +122,7 @@ def parse_completions(body: Mapping[str, Any], headers: Mapping[str, str], cfg: 
         "completions", rid, ids, cfg.output.default_max_tokens_completions if mt is None else _int(mt, "max_tokens"),
         bool(body.get("stream", False)), _include_usage(body), bool(body.get("ignore_eos", False)),
         rank, key, bool(body.get("return_cached_tokens_details", False)), int(time.time()), _session(body),
+        sampled=_sampled(body),
     )
 
 
@@ -133,7 +142,7 @@ def parse_generate(body: Mapping[str, Any], headers: Mapping[str, str], cfg: Sim
     return Parsed(
         "generate", rid, ids, cfg.output.default_max_new_tokens_generate if mt is None else _int(mt, "max_new_tokens"),
         bool(body.get("stream", False)), False, bool(sp.get("ignore_eos", False)),
-        rank, key, True, int(time.time()), _session(body),
+        rank, key, True, int(time.time()), _session(body), sampled=_sampled(sp),
     )
 
 
@@ -163,6 +172,14 @@ def finish_reason(ev: Completion) -> str:
     return ev.finish_reason
 
 
+def weight_metadata(p: Parsed, completion_tokens: int) -> dict[str, Any]:
+    """SGLang 0.5.23's ``metadata`` of an OpenAI answer (and the same two keys of ``/generate``'s
+    ``meta_info``): the weight version, and the spans of the output each version produced
+    (``sglang.srt.utils.weight_versions``); here one span, the version at the request's entry."""
+    return {"weight_version": p.weight_version,
+            "weight_versions": [{"version": p.weight_version, "start": 0, "end": completion_tokens}]}
+
+
 def chat_response(p: Parsed, ev: Completion, text: str, cfg: SimConfig) -> dict[str, Any]:
     out = {
         "id": p.rid,
@@ -177,7 +194,7 @@ def chat_response(p: Parsed, ev: Completion, text: str, cfg: SimConfig) -> dict[
             "matched_stop": None,
         }],
         "usage": usage(ev, cfg),
-        "metadata": {"weight_version": p.weight_version},
+        "metadata": weight_metadata(p, ev.completion_tokens),
     }
     if p.details:
         out["sglext"] = {"cached_tokens_details": _details(ev, cfg)}
@@ -192,7 +209,7 @@ def completions_response(p: Parsed, ev: Completion, text: str, cfg: SimConfig) -
         "model": cfg.model.name,
         "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(ev), "matched_stop": None}],
         "usage": usage(ev, cfg),
-        "metadata": {"weight_version": p.weight_version},
+        "metadata": weight_metadata(p, ev.completion_tokens),
     }
     if p.details:
         out["sglext"] = {"cached_tokens_details": _details(ev, cfg)}
@@ -200,7 +217,8 @@ def completions_response(p: Parsed, ev: Completion, text: str, cfg: SimConfig) -
 
 
 def generate_meta(p: Parsed, ev: Completion | None, completion_tokens: int, cfg: SimConfig) -> dict[str, Any]:
-    meta: dict[str, Any] = {"id": p.rid, "finish_reason": None, "prompt_tokens": len(p.input_ids), "weight_version": p.weight_version, "completion_tokens": completion_tokens}
+    meta: dict[str, Any] = {"id": p.rid, "finish_reason": None, "prompt_tokens": len(p.input_ids),
+                            **weight_metadata(p, completion_tokens), "completion_tokens": completion_tokens}
     if ev is not None:
         if ev.finish_reason == "length":
             meta["finish_reason"] = {"type": "length", "length": ev.completion_tokens}

@@ -7,6 +7,7 @@ leaves it (finished or aborted). ``EngineCounters`` are cumulative and monotonic
 
 from __future__ import annotations
 
+import zlib
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -47,6 +48,10 @@ class SimRequest:
     session_id: str | None = None
     """SGLang's top-level ``session_id``: with the session radix cache on, the request's KV
     stays referenced by the session after it finishes (``sessions``)."""
+    sampled: bool = False
+    """The request asked for a temperature > 0: its answer is drawn from its rid as well as its
+    prompt, so identical prompts get different answers (without it, identical prompts get
+    identical answers, like greedy decoding)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +231,8 @@ def make_req(cfg: SimConfig, q: SimRequest, now: float, root: Node) -> Req:
         out = unpack(pack(q.output_ids))[: q.max_new_tokens]
     else:
         o, seed, digest = cfg.output, cfg.seed, prompt_digest(prompt)
+        if q.sampled:
+            digest ^= zlib.crc32(q.rid.encode())
         length = q.max_new_tokens
         if o.length_mode == "lognormal" and not q.ignore_eos:
             length = sample_length(seed, digest, o.lognormal_median, o.lognormal_sigma, q.max_new_tokens)

@@ -33,7 +33,7 @@ async def _body(request: web.Request) -> Any:
 
 def _to_sim(p: P.Parsed) -> SimRequest:
     return SimRequest(p.rid, p.input_ids, p.max_new_tokens, p.dp_rank, p.routing_key, p.ignore_eos,
-                      session_id=p.session_id)
+                      session_id=p.session_id, sampled=p.sampled)
 
 
 async def _infer(request: web.Request, kind: str) -> web.StreamResponse:

@@ -15,7 +15,9 @@ new messages, so a multi-turn conversation hits the radix cache token for token.
 
 Generated text. Answers are slices of a fixed pseudo-English corpus (pre-tokenized), starting
 at an offset drawn from (seed, hash of the prompt): identical prompts get identical answers,
-like greedy decoding, and the text of any slice re-tokenizes to the same ids.
+like greedy decoding, and the text of any slice re-tokenizes to the same ids. A request with
+an explicit temperature > 0 mixes its rid into that hash (``request.SimRequest.sampled``):
+identical prompts then get different answers, as sampling gives them.
 """
 
 from __future__ import annotations

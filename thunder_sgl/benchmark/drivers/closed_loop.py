@@ -73,6 +73,10 @@ class DriverOptions:
     """Stream responses (usage taken from the final chunk via ``stream_options``)."""
     release: bool = True
     """Call ``POST /programs/{id}/release`` after each program."""
+    send_program_ids: bool = True
+    """False: requests carry no program id (neither body field nor headers) and programs are not
+    released, as an unmodified agent sends them: the router infers the programs
+    (``control.conversations``) and releases them by their idle timeout."""
     model: str | None = None
     """Model name to send; None: the first of ``GET /v1/models``, else ``default``."""
     headers: tuple[tuple[str, str], ...] = ()
@@ -226,6 +230,7 @@ class _Driver:
             stream=self.o.stream,
             max_tokens_cap=self.o.max_tokens_cap,
             ignore_eos=self.o.ignore_eos,
+            send_id=self.o.send_program_ids,
         )
         try:
             if self.o.tools is not None:
@@ -312,7 +317,7 @@ class _Driver:
     async def _release(self, rec: ProgramRecord) -> None:
         """Best-effort release. A program whose release is cancelled stays in ``live``, so the
         end of the run releases it."""
-        if self.o.release and self.result.release_supported:
+        if self.o.release and self.o.send_program_ids and self.result.release_supported:
             try:
                 async with self.http.post(
                     (rec.endpoint or self.endpoint) + release_path(rec.program_id),

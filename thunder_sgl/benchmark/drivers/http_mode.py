@@ -47,7 +47,7 @@ from thunder_sgl.benchmark.measures.derived import (
     timing_model_check,
 )
 from thunder_sgl.benchmark.measures.stats import WorkloadResult
-from thunder_sgl.benchmark.reports.results import DIRECT, RunResult
+from thunder_sgl.benchmark.reports.results import DIRECT, THUNDER_INFERRED, RunResult
 from thunder_sgl.benchmark.reports.sweep import FAILED
 from thunder_sgl.benchmark.workloads.profile import WorkloadProfile
 from thunder_sgl.children import Proc
@@ -72,6 +72,8 @@ RouterStarter = Callable[[list[str], float, Path, list[str]], Proc | None]
 ROUTER_STARTERS: dict[str, RouterStarter] = {
     "thunder": lambda urls, scale, logs, extra: start_thunder(
         urls, scale, "tier-aware", extra=extra, log_dir=logs),
+    THUNDER_INFERRED: lambda urls, scale, logs, extra: start_thunder(
+        urls, scale, "tier-aware", extra=extra, log_dir=logs, name=THUNDER_INFERRED),
     "thunder-occupancy": lambda urls, scale, logs, extra: start_thunder(
         urls, scale, "occupancy", extra=extra, log_dir=logs, name="thunder-occupancy"),
     "thunder-fixed": lambda urls, scale, logs, extra: start_thunder(
@@ -309,6 +311,7 @@ async def _measure(workers: Workers, router: Proc | None, plan: RunPlan, progres
             work = await run_workload(target, plan.profile, plan.programs,
                                       duration_s=(plan.warmup_s + plan.duration_s) / scale,
                                       warmup_s=warm_wall, time_scale=scale, seed=plan.seed,
+                                      send_program_ids=plan.router != THUNDER_INFERRED,
                                       on_event=progress.driver_event)
         finally:
             for t in tasks:

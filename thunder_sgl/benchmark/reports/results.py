@@ -25,7 +25,11 @@ before the cost-based rules)."""
 THUNDER_OCCUPANCY = "thunder-occupancy"
 """thunder with the previous default admission rule (a controller on engine occupancy)."""
 
-ALL_ROUTERS = (ROUTERS[0], THUNDER_OCCUPANCY, THUNDER_FIXED, *ROUTERS[1:], DIRECT)
+THUNDER_INFERRED = "thunder-inferred"
+"""thunder (the default policy) whose clients send no program id: it infers the programs from
+the messages (``control.conversations``). HTTP and real modes only."""
+
+ALL_ROUTERS = (ROUTERS[0], THUNDER_INFERRED, THUNDER_OCCUPANCY, THUNDER_FIXED, *ROUTERS[1:], DIRECT)
 """Every router a sweep may name."""
 
 

@@ -84,7 +84,10 @@ class Conversation:
         stream: bool = False,
         max_tokens_cap: int | None = None,
         ignore_eos: bool = True,
+        send_id: bool = True,
     ) -> None:
+        """``send_id`` False: no program id in the body or the headers (an unmodified agent)."""
+        self.send_id = send_id
         if api not in APIS:
             raise ValueError(f"unknown api {api!r}; valid: {sorted(APIS)}")
         self.spec = spec
@@ -104,7 +107,7 @@ class Conversation:
         return self.spec.program_id
 
     def headers(self) -> dict[str, str]:
-        return program_headers(self.spec.program_id)
+        return program_headers(self.spec.program_id) if self.send_id else {}
 
     def body(self, step: int) -> dict[str, Any]:
         """The request of LLM call ``step`` (call ``add_reply`` for the previous steps first)."""
@@ -116,7 +119,8 @@ class Conversation:
             body["messages"] = list(self.messages)
         else:
             body["prompt"] = render_prompt(self.messages)
-        body["program_id"] = self.spec.program_id
+        if self.send_id:
+            body["program_id"] = self.spec.program_id
         body["stream"] = self.stream
         if self.stream:
             body["stream_options"] = {"include_usage": True}

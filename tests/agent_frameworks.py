@@ -1,0 +1,119 @@
+"""Real agent frameworks as clients of the router, unmodified: mini-swe-agent (``DefaultAgent``
+with ``LitellmModel``, pointed at the router by ``api_base``). Shared by the tests on simulated
+workers and on the real SGLang CPU engine.
+
+A random-weight (or simulated) model never answers with a valid bash tool call, so every step
+is a format error: the agent adds the error to its history (mini-swe-agent 2.x leaves the
+unparseable answer out) and asks again, until its ``step_limit``
+(``max_consecutive_format_errors: 0`` keeps it going). Each agent therefore makes exactly
+``step_limit`` calls.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of the price list (no network)
+os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
+os.environ.setdefault("MSWEA_COST_TRACKING", "ignore_errors")
+
+
+def mini_config() -> dict[str, Any]:
+    """mini-swe-agent's own ``mini.yaml`` (the tool-call agent of its ``mini`` command),
+    without the interactive mode."""
+    from minisweagent import package_dir
+
+    cfg = yaml.safe_load(Path(package_dir / "config" / "mini.yaml").read_text())
+    cfg["agent"].pop("mode", None)
+    return cfg
+
+
+def run_agents(router_url: str, tasks: list[str], steps: int, model: str, program_ids: list[str | None] | None = None,
+               max_tokens: int = 24, threads: int = 8) -> list[dict[str, Any]]:
+    """Run one mini-swe-agent per task against the router, ``steps`` model calls each; a
+    program id, where given, goes through the framework's own configuration
+    (``model_kwargs.extra_body``). Returns each agent's exit info and call count."""
+    from minisweagent.agents.default import DefaultAgent
+    from minisweagent.environments.local import LocalEnvironment
+    from minisweagent.models.litellm_model import LitellmModel
+
+    cfg = mini_config()
+    ids = program_ids or [None] * len(tasks)
+
+    def one(task: str, pid: str | None) -> dict[str, Any]:
+        kwargs = {**cfg["model"].get("model_kwargs", {}), "api_base": router_url + "/v1", "api_key": "none",
+                  "max_tokens": max_tokens, "temperature": 1.0}
+        if pid is not None:
+            kwargs["extra_body"] = {"program_id": pid}
+        model_cfg = {k: v for k, v in cfg["model"].items() if k != "model_kwargs"}
+        agent = DefaultAgent(LitellmModel(model_name=f"openai/{model}", model_kwargs=kwargs, **model_cfg),
+                             LocalEnvironment(**cfg.get("environment", {})),
+                             **{**cfg["agent"], "step_limit": steps, "cost_limit": 0, "max_consecutive_format_errors": 0})
+        info = agent.run(task)
+        return {"exit": info.get("exit_status"), "calls": agent.n_calls, "pid": pid}
+
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        return list(pool.map(one, tasks, ids))
+
+
+def programs(router_url: str) -> list[dict[str, Any]]:
+    return httpx.get(router_url + "/programs").json()["data"]
+
+
+def hit_rate(progs: list[dict[str, Any]]) -> float:
+    prompt = sum(p["tokens"]["prompt"] for p in progs)
+    return sum(p["tokens"]["cached"] for p in progs) / prompt if prompt else 0.0
+
+
+def run_openai_agents(router_url: str, tasks: list[str], turns: int, model: str,
+                      program_ids: list[str | None] | None = None, max_tokens: int = 24) -> list[int]:
+    """One OpenAI Agents SDK agent per task (``Agent`` + ``Runner`` on
+    ``OpenAIChatCompletionsModel`` at the router), each a conversation of ``turns`` runs: the
+    SDK's own history (``RunResult.to_input_list()``) plus a new user message each turn. A
+    program id, where given, goes through ``ModelSettings.extra_body``. Returns each agent's
+    model calls (the model never calls the tool here, so one per turn)."""
+    import asyncio
+
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)  # no trace export (no network)
+
+    @function_tool
+    def run_bash(command: str) -> str:
+        """Run a bash command in the repository and return its output."""
+        return f"ran: {command}"
+
+    async def one(client: AsyncOpenAI, task: str, pid: str | None) -> int:
+        settings = ModelSettings(max_tokens=max_tokens, temperature=1.0,
+                                 extra_body={"program_id": pid} if pid is not None else None)
+        agent = Agent(name="coder", instructions="You are a coding agent. Use run_bash to inspect and fix the repo.",
+                      model=OpenAIChatCompletionsModel(model=model, openai_client=client), model_settings=settings,
+                      tools=[run_bash])
+        items: Any = task
+        calls = 0
+        for turn in range(turns):
+            result = await Runner.run(agent, items)
+            calls += len(result.raw_responses)
+            items = [*result.to_input_list(), {"role": "user", "content": f"The tests still fail (attempt {turn})."}]
+        return calls
+
+    async def main() -> list[int]:
+        client = AsyncOpenAI(base_url=router_url + "/v1", api_key="none", max_retries=0)
+        ids = program_ids or [None] * len(tasks)
+        return list(await asyncio.gather(*(one(client, t, p) for t, p in zip(tasks, ids, strict=True))))
+
+    return asyncio.run(main())

@@ -1,0 +1,116 @@
+"""Program inference through the router (``control.conversations``): unmodified OpenAI-SDK
+agents, no program id anywhere, simulated workers, a real router process."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from openai import AsyncOpenAI
+from test_router_e2e import TS, metrics, text
+
+
+@pytest.fixture
+def cluster(spawn):
+    sim = spawn("sim", "tiny", workers=2, time_scale=TS)
+    router = spawn("thunder", sim.urls, time_scale=TS)
+    return sim, router
+
+
+async def agent(client: AsyncOpenAI, steps: int, stream: bool, program_id: str | None = None,
+                temperature: float | None = 1.0) -> list[int]:
+    """One agent loop: a shared system prompt and task, then its answers and observations;
+    returns the cached tokens of each step."""
+    msgs = [{"role": "system", "content": text(400, "sys")}, {"role": "user", "content": text(200, "task")}]
+    extra = {"program_id": program_id} if program_id else None
+    kw = {"temperature": temperature} if temperature is not None else {}
+    cached = []
+    for step in range(steps):
+        if stream:
+            parts, usage = [], None
+            async for ch in await client.chat.completions.create(
+                    model="tiny", messages=msgs, max_tokens=24, stream=True, stream_options={"include_usage": True},
+                    extra_body=extra, **kw):
+                if ch.choices and ch.choices[0].delta.content:
+                    parts.append(ch.choices[0].delta.content)
+                usage = ch.usage or usage
+            answer = "".join(parts)
+        else:
+            r = await client.chat.completions.create(model="tiny", messages=msgs, max_tokens=24, extra_body=extra, **kw)
+            answer, usage = r.choices[0].message.content, r.usage
+        cached.append(usage.prompt_tokens_details.cached_tokens)
+        msgs = [*msgs, {"role": "assistant", "content": answer}, {"role": "user", "content": text(120, f"obs{step}")}]
+    return cached
+
+
+def test_unmodified_agents_sharing_a_prompt_and_a_task_each_land_in_one_inferred_program(cluster):
+    _, router = cluster
+    client = AsyncOpenAI(base_url=router.url + "/v1", api_key="none")
+
+    async def main() -> list[list[int]]:
+        return await asyncio.gather(*(agent(client, 4, stream=i % 2 == 1) for i in range(6)))
+
+    cached = asyncio.run(main())
+    progs = httpx.get(router.url + "/programs").json()["data"]
+    assert len(progs) == 6, progs
+    assert all(p["inferred"] and p["id"].startswith("inf-") and p["steps"] == 4 for p in progs)
+    assert sorted(p["tokens"]["cached"] for p in progs) == sorted(sum(c) for c in cached)
+    m = metrics(router.url)
+    assert m['thunder_inferred_requests_total{result="new"}'] == 6
+    assert m['thunder_inferred_requests_total{result="matched"}'] == 18
+    assert m['thunder_inferred_requests_total{result="ambiguous"}'] == 0
+    assert all(c > 0 for cs in cached for c in cs[1:])  # every later step hits its own history
+
+
+def test_greedy_agents_answered_alike_are_routed_statelessly_never_merged(cluster):
+    """Without a temperature the simulator answers identical prompts identically (as greedy
+    decoding does): four identical agents start four conversations (their first requests go
+    statelessly), whose expectations are then equal; the second steps of two of them match all
+    four, so they go statelessly too and are counted; no program is made of them."""
+    _, router = cluster
+    client = AsyncOpenAI(base_url=router.url + "/v1", api_key="none")
+
+    async def main() -> None:
+        await agent(client, 1, stream=False, temperature=None)
+        await agent(client, 1, stream=False, temperature=None)
+        await asyncio.gather(agent(client, 2, stream=False, temperature=None),
+                             agent(client, 2, stream=True, temperature=None))
+
+    asyncio.run(main())
+    assert httpx.get(router.url + "/programs").json()["count"] == 0
+    m = metrics(router.url)
+    assert m['thunder_inferred_requests_total{result="new"}'] == 4
+    assert m['thunder_inferred_requests_total{result="ambiguous"}'] == 2
+    assert m['thunder_inferred_requests_total{result="matched"}'] == 0
+
+
+def test_a_one_shot_request_stays_stateless_and_a_conversation_becomes_a_program_at_its_second_request(cluster):
+    _, router = cluster
+
+    async def main() -> list[int]:
+        client = AsyncOpenAI(base_url=router.url + "/v1", api_key="none")
+        await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "one question"}],
+                                             max_tokens=8)
+        assert httpx.get(router.url + "/programs").json()["count"] == 0
+        return await agent(client, 2, stream=False)
+
+    cached = asyncio.run(main())
+    (p,) = httpx.get(router.url + "/programs").json()["data"]
+    assert p["inferred"] and p["steps"] == 2 and p["tokens"]["cached"] == sum(cached)
+    assert p["tokens"]["prompt"] > 1000 and p["context_tokens"] > p["tokens"]["prompt"] / 2
+
+
+def test_an_explicit_id_wins_and_inference_can_be_turned_off(spawn):
+    sim = spawn("sim", "tiny", workers=1, time_scale=TS)
+    router = spawn("thunder", sim.urls, time_scale=TS, extra=["--thunder-infer-program-ids", "off"])
+
+    async def run(program_id: str | None) -> None:  # a client per event loop
+        await agent(AsyncOpenAI(base_url=router.url + "/v1", api_key="none"), 2, stream=False, program_id=program_id)
+
+    asyncio.run(run(None))
+    assert httpx.get(router.url + "/programs").json()["count"] == 0
+    asyncio.run(run("mine"))
+    progs = httpx.get(router.url + "/programs").json()["data"]
+    assert [(p["id"], p["inferred"], p["steps"]) for p in progs] == [("mine", False, 2)]
+    assert "thunder_inferred_requests_total" not in httpx.get(router.url + "/metrics").text

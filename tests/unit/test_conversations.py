@@ -1,0 +1,155 @@
+"""Program inference (``control.conversations``): which program a request without an id is."""
+
+from __future__ import annotations
+
+import random
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from thunder_sgl.control.conversations import Conversations, StreamAnswer, answer_message, chain
+
+SYSTEM = {"role": "system", "content": "You are a helpful assistant that can run bash."}
+TASK = {"role": "user", "content": "Fix the failing test in repo/foo."}
+
+
+def call(args: dict, cid: str = "call_1", name: str = "bash") -> dict:
+    return {"id": cid, "type": "function", "function": {"name": name, "arguments": orjson.dumps(args).decode()}}
+
+
+def test_the_chain_survives_reserialisation_tool_call_formatting_and_a_stripped_reasoning_field():
+    sent = [SYSTEM, TASK,
+            {"role": "assistant", "content": "Let me look.", "reasoning_content": "hmm, think first",
+             "tool_calls": [call({"cmd": "ls -la", "timeout": 5}, "call_abc")]},
+            {"role": "tool", "tool_call_id": "call_abc", "content": "a.py\nb.py\n"}]
+    # the client's copy: other key order and whitespace in the arguments, a new tool-call id,
+    # the reasoning dropped, content as a list of parts, developer for system, a name field
+    resent = [{"role": "developer", "content": [{"type": "text", "text": SYSTEM["content"]}]}, {**TASK, "name": "me"},
+              {"role": "assistant", "content": "Let me look.  ",
+               "tool_calls": [{"id": "xyz", "type": "function",
+                               "function": {"name": "bash", "arguments": '{ "timeout": 5,  "cmd": "ls -la" }'}}]},
+              {"role": "tool", "tool_call_id": "xyz", "content": "a.py\nb.py"}]
+    assert chain(sent) == chain(resent)
+    # what is said does count
+    changed = [*resent[:2], {**resent[2], "content": "Let me look!"}, resent[3]]
+    assert chain(changed)[:2] == chain(sent)[:2] and chain(changed)[2] != chain(sent)[2]
+    other_args = [*resent[:2], {**resent[2], "tool_calls": [call({"cmd": "ls"})]}, resent[3]]
+    assert chain(other_args)[2] != chain(sent)[2]
+
+
+def test_a_conversation_lands_in_one_program_step_after_step():
+    conv = Conversations(keep_seconds=100, max_programs=10)
+    msgs = [SYSTEM, TASK]
+    m = conv.match(msgs, 0.0)
+    assert m.kind == "new" and m.program_id.startswith("inf-")
+    pid = m.program_id
+    for step in range(5):
+        answer = {"role": "assistant", "content": f"step {step}: run ls", "reasoning_content": "x"}
+        conv.answered(pid, m.head, answer, float(step))
+        msgs = [*msgs, {"role": "assistant", "content": answer["content"]}, {"role": "user", "content": f"out {step}"}]
+        m = conv.match(msgs, float(step))
+        assert (m.kind, m.program_id) == ("matched", pid)
+    assert conv.counts == {"matched": 5, "new": 1, "ambiguous": 0, "busy": 0}
+
+
+def test_a_resent_earlier_step_lands_in_its_program():
+    conv = Conversations(100, 10)
+    m0 = conv.match([SYSTEM, TASK], 0.0)
+    conv.answered(m0.program_id, m0.head, {"content": "a0"}, 0.0)
+    step1 = [SYSTEM, TASK, {"role": "assistant", "content": "a0"}, {"role": "user", "content": "o0"}]
+    m1 = conv.match(step1, 1.0)
+    conv.answered(m1.program_id, m1.head, {"content": "a1"}, 1.0)
+    again = conv.match(step1, 2.0)  # the agent retries step 1
+    assert again.program_id == m0.program_id == m1.program_id
+
+
+def test_conversations_with_one_head_are_told_apart_by_their_answers_and_identical_ones_are_never_merged():
+    conv = Conversations(100, 100)
+    firsts = [conv.match([SYSTEM, TASK], 0.0) for _ in range(3)]
+    assert len({m.program_id for m in firsts}) == 3
+    answers = ["try ls", "try cat", "try ls"]  # the first and third answered alike
+    for m, a in zip(firsts, answers, strict=True):
+        conv.answered(m.program_id, m.head, {"content": a}, 0.0)
+    nxt = [conv.match([SYSTEM, TASK, {"role": "assistant", "content": a}, {"role": "user", "content": "obs"}], 1.0)
+           for a in answers]
+    assert nxt[1].kind == "matched" and nxt[1].program_id == firsts[1].program_id
+    assert nxt[0].kind == nxt[2].kind == "ambiguous" and nxt[0].program_id is None
+    assert conv.counts["ambiguous"] == 2
+
+
+def test_a_client_that_drops_an_answer_from_its_history_stays_in_its_program():
+    """mini-swe-agent 2.x leaves an answer it cannot parse out of its history: its next request
+    is the previous one plus the format error. The head (the request without the answer)
+    matches a request that adds to it; an agent's first request matches no head (every agent
+    of that task has that head), and agents whose requests are identical stay ambiguous."""
+    conv = Conversations(100, 100)
+    err = {"role": "user", "content": "Format error: exactly one bash block, please."}
+    for task in ("task A", "task B"):
+        msgs = [SYSTEM, {"role": "user", "content": task}]
+        m = conv.match(msgs, 0.0)
+        pid = m.program_id
+        for step in range(4):
+            assert (m.kind, m.program_id) == ("new" if step == 0 else "matched", pid)
+            conv.answered(pid, m.head, {"content": f"junk {step}"}, float(step))
+            msgs = [*msgs, err]
+            m = conv.match(msgs, float(step))
+    same = [conv.match([SYSTEM, TASK], 2.0) for _ in range(2)]
+    assert [m.kind for m in same] == ["new", "new"]  # a head is no match for an equal request
+    for m in same:
+        conv.answered(m.program_id, m.head, {"content": "junk"}, 2.0)
+    assert conv.match([SYSTEM, TASK, err], 3.0).kind == "ambiguous"
+
+
+def test_records_expire_by_age_and_by_count():
+    conv = Conversations(keep_seconds=10, max_programs=2)
+    ms = []
+    for i in range(3):
+        m = conv.match([SYSTEM, {"role": "user", "content": f"task {i}"}], float(i))
+        conv.answered(m.program_id, m.head, {"content": "ok"}, float(i))
+        ms.append(m)
+    assert len(conv) == 2 and ms[0].program_id not in conv  # the oldest went past max_programs
+    conv.expire(11.5)
+    assert len(conv) == 1 and ms[2].program_id in conv
+    conv.forget(ms[2].program_id)
+    assert len(conv) == 0
+    again = conv.match([SYSTEM, {"role": "user", "content": "task 2"}, {"role": "assistant", "content": "ok"}], 13.0)
+    assert again.kind == "new"
+
+
+def test_the_answer_of_a_stream_is_assembled_from_its_deltas():
+    sa = StreamAnswer()
+    events = [
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "Let "}}]},
+        {"choices": [{"index": 0, "delta": {"content": "me look."}}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "bash", "arguments": '{"cmd": '}}]}}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '"ls"}'}}]}}]},
+        {"choices": [{"index": 1, "delta": {"content": "another choice"}}]},
+        {"choices": [], "usage": {"prompt_tokens": 3}},
+    ]
+    for e in events:
+        sa.feed(e)
+    whole = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "Let me look.",
+                                                  "tool_calls": [call({"cmd": "ls"}, "zz")]}}]}
+    assert chain([sa.message()]) == chain([answer_message(whole)])
+
+
+@settings(max_examples=60, deadline=None)
+@given(agents=st.integers(2, 32), steps=st.integers(1, 6), distinct=st.floats(0.0, 1.0), seed=st.integers(0, 10**6))
+def test_agents_sharing_a_system_prompt_and_a_task_are_never_misattributed(agents, steps, distinct, seed):
+    """Every agent's requests land in one program of its own, or (while its answers equal
+    another agent's) are ambiguous; no request ever lands in another agent's program."""
+    rng = random.Random(seed)
+    conv = Conversations(1e9, 10_000)
+    hist = {a: [SYSTEM, TASK] for a in range(agents)}
+    owner: dict[str, int] = {}
+    for step in range(steps):
+        for a in rng.sample(range(agents), agents):
+            m = conv.match(hist[a], float(step))
+            if m.kind == "ambiguous":
+                reply = "same answer"  # the pair stays ambiguous only while answers agree
+            else:
+                assert owner.setdefault(m.program_id, a) == a
+                reply = f"answer {a}" if rng.random() < distinct else "same answer"
+                conv.answered(m.program_id, m.head, {"content": reply}, float(step))
+            hist[a] = [*hist[a], {"role": "assistant", "content": reply}, {"role": "user", "content": f"obs {step}"}]

@@ -1,0 +1,279 @@
+"""Program inference: the program of a chat request that names none.
+
+An agent framework run unmodified sends no ``program_id``, no ``X-Program-Id`` and no
+``X-SMG-Routing-Key``. Its requests still say which program they belong to: an agent's next
+request is its previous request's messages, plus the answer the router relayed, plus what
+happened since (tool output, user feedback). The rule:
+
+1. **Normalise** each message to ``role`` + its text + its tool calls, and nothing else. The
+   text is the content string, or the text parts of a list of parts (image parts by URL),
+   stripped of surrounding whitespace; ``developer`` counts as ``system``. A tool call is its
+   function name and its arguments, parsed as JSON and written back with sorted keys (as they
+   are, stripped, when not JSON). Ignored: ``name``, tool-call ids, ``tool_call_id``, the
+   ``reasoning_content``/``reasoning`` fields, and every other key. So a conversation
+   re-serialised by a client — other whitespace in the arguments, other key order, a fresh
+   tool-call id, the reasoning dropped from the assistant turn — normalises the same.
+2. **Chain**: ``h₀ = ∅``, ``hᵢ = blake2b(hᵢ₋₁ ‖ norm(mᵢ))`` (16 bytes). ``hᵢ`` names the
+   conversation's first i messages, whatever comes after them.
+3. **Record**: when the answer to a request of n messages is relayed, two chains are indexed
+   to the program: its *expectation* ``h_{n+1}`` — the request's messages plus the answer as
+   an assistant message — and its *head* ``hₙ``, the request's messages alone. A client
+   continues from the expectation; the head covers a client that drops an answer from its
+   history (mini-swe-agent 2.x does with an answer it cannot parse: its next request is the
+   previous one plus the format error). A program keeps the chains of its whole life (32
+   bytes a step), so a client that resends an earlier step still lands in it.
+4. **Match** a request of m messages by its chain, longest prefix first: the first ``hᵢ``
+   that is an expectation, or a head with ``i < m`` (a head matches only a request that adds
+   to it: an agent's first request is every agent's head with that system prompt and task),
+   decides. One program there: the request is that program's (``matched``). Several: the
+   request is routed statelessly and counted (``ambiguous``), never merged. None: a new
+   conversation (``new``), named ``inf-`` and 16 hex digits. Its first request is routed
+   statelessly, like any request without a program id, so one-shot traffic never becomes a
+   program; its second request creates the program, which counts the first as its first
+   step (``Program.adopt``: its tokens, its context, the backend it ran on). Two live conversations with an identical
+   head — RL samples of one task, agents that share a system prompt and a task — are told
+   apart by the answers they received, which are in their expectations; agents whose
+   requests are byte for byte the same (the same task, and answers dropped or identical)
+   cannot be, and stay ``ambiguous``.
+5. **Forget** a program's chains after ``keep_seconds`` without a match, and the oldest
+   program's past ``max_programs``. The program itself is released earlier, by its idle
+   timeout (``inferred_idle_seconds``): its record outlives it, so an agent that comes back
+   after a long tool lands in a program of the same id again, re-created, not in another.
+
+The index is pure and deterministic (no clock of its own, no I/O); the gateway calls it from
+the inference route (``match``) and from the proxy when an answer is relayed (``answered``).
+``/v1/completions`` and ``/generate`` are not inferred (docs/deploy.md, "Program ids"): a text
+prompt has no message boundaries, so matching it would hash the prompt once per length a
+live program could have.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+DIGEST = 16
+"""Bytes of a chain hash."""
+SEP = b"\x1e"
+
+
+def _text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content.strip()
+    if isinstance(content, list):
+        out = []
+        for part in content:
+            if isinstance(part, str):
+                out.append(part)
+            elif isinstance(part, dict):
+                if isinstance(part.get("text"), str):
+                    out.append(part["text"])
+                elif isinstance(part.get("image_url"), dict):
+                    out.append(f"<image {part['image_url'].get('url', '')}>")
+        return "".join(out).strip()
+    return str(content).strip()
+
+
+def _arguments(args: Any) -> bytes:
+    if isinstance(args, str):
+        try:
+            args = orjson.loads(args)
+        except orjson.JSONDecodeError:
+            return args.strip().encode()
+    try:
+        return orjson.dumps(args, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        return str(args).encode()
+
+
+def normalise(m: Any) -> bytes:
+    """The bytes of one message that identify it (rule 1)."""
+    if not isinstance(m, dict):
+        return b"?" + str(m).encode()
+    role = m.get("role")
+    role = "system" if role == "developer" else str(role)
+    parts = [role.encode(), _text(m.get("content")).encode()]
+    calls = m.get("tool_calls")
+    if isinstance(calls, list):
+        for c in calls:
+            fn = c.get("function") if isinstance(c, dict) else None
+            if isinstance(fn, dict):
+                parts.append(str(fn.get("name", "")).encode() + b"(" + _arguments(fn.get("arguments")) + b")")
+    return SEP.join(parts)
+
+
+def chain(messages: Sequence[Any], start: bytes = b"") -> list[bytes]:
+    """``h₁ … hₙ`` of the messages (rule 2), continuing from ``start``."""
+    out = []
+    h = start
+    for m in messages:
+        h = hashlib.blake2b(h + SEP + normalise(m), digest_size=DIGEST).digest()
+        out.append(h)
+    return out
+
+
+@dataclass
+class Match:
+    kind: str
+    """``matched``, ``new`` or ``ambiguous``."""
+    program_id: str | None
+    """The program (None when ambiguous; for ``new``, the id its next request will create)."""
+    head: bytes
+    """``hₙ`` of the request's messages: the start of its expectation once answered."""
+    first: Any = None
+    """``matched``, the conversation's second request: what ``answered`` was given of its
+    first (which ran statelessly), for the program it creates to count (``Program.adopt``)."""
+
+
+@dataclass
+class _Record:
+    expectations: list[bytes] = field(default_factory=list)
+    heads: list[bytes] = field(default_factory=list)
+    last: float = 0.0
+    first: Any = None
+    """The first request's outcome, until the second request takes it."""
+
+
+class Conversations:
+    """The index of rule 3–5: expectation → programs, and each program's record."""
+
+    def __init__(self, keep_seconds: float, max_programs: int, prefix: str = "inf-") -> None:
+        self.keep_seconds = keep_seconds
+        self.max_programs = max_programs
+        self.prefix = prefix
+        self._index: dict[bytes, set[str]] = {}  # expectation → programs
+        self._heads: dict[bytes, set[str]] = {}  # head → programs
+        self._records: OrderedDict[str, _Record] = OrderedDict()  # least recently matched first
+        self.counts = {"matched": 0, "new": 0, "ambiguous": 0, "busy": 0}
+        """Requests by outcome; ``busy`` (counted by the gateway): matched a program that had
+        a request out already, so sent statelessly."""
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __contains__(self, pid: str) -> bool:
+        return pid in self._records
+
+    def match(self, messages: Sequence[Any], now: float) -> Match:
+        """The program of a request with these messages (rule 4), counted by kind."""
+        hs = chain(messages)
+        head = hs[-1] if hs else b""
+        last = len(hs) - 1
+        for i in range(last, -1, -1):
+            h = hs[i]
+            owners = self._index.get(h)
+            if i < last:
+                also = self._heads.get(h)
+                if also:
+                    owners = also if not owners else owners | also
+            if not owners:
+                continue
+            if len(owners) > 1:
+                self.counts["ambiguous"] += 1
+                return Match("ambiguous", None, head)
+            pid = next(iter(owners))
+            rec = self._records[pid]
+            rec.last = now
+            self._records.move_to_end(pid)
+            self.counts["matched"] += 1
+            first, rec.first = rec.first, None
+            return Match("matched", pid, head, first)
+        self.counts["new"] += 1
+        return Match("new", self.prefix + os.urandom(8).hex(), head)
+
+    def answered(self, pid: str, head: bytes, answer: dict[str, Any], now: float, first: Any = None) -> None:
+        """The answer to ``pid``'s request (whose chain ended at ``head``) was relayed: index
+        the expectation it makes, and the head (rule 3). ``first``: the outcome of a new
+        conversation's first request, handed to its second (``Match.first``)."""
+        h = chain([{**answer, "role": "assistant"}], head)[0]
+        rec = self._records.get(pid)
+        if rec is None:
+            rec = self._records[pid] = _Record(first=first)
+        else:
+            self._records.move_to_end(pid)
+        rec.last = now
+        for mine, index, key in ((rec.expectations, self._index, h), (rec.heads, self._heads, head)):
+            if key and key not in mine:
+                mine.append(key)
+                index.setdefault(key, set()).add(pid)
+        self.expire(now)
+
+    def forget(self, pid: str) -> None:
+        rec = self._records.pop(pid, None)
+        if rec is None:
+            return
+        for mine, index in ((rec.expectations, self._index), (rec.heads, self._heads)):
+            for h in mine:
+                owners = index.get(h)
+                if owners is not None:
+                    owners.discard(pid)
+                    if not owners:
+                        del index[h]
+
+    def expire(self, now: float) -> int:
+        """Forget the records unmatched for ``keep_seconds``, and the oldest beyond
+        ``max_programs`` (rule 5). Returns how many were forgotten."""
+        n = 0
+        while self._records:
+            pid, rec = next(iter(self._records.items()))
+            if len(self._records) <= self.max_programs and now - rec.last <= self.keep_seconds:
+                break
+            self.forget(pid)
+            n += 1
+        return n
+
+
+def answer_message(obj: Any) -> dict[str, Any] | None:
+    """The assistant message of a chat completion's first choice (None if it has none)."""
+    if not isinstance(obj, dict):
+        return None
+    choices = obj.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    msg = choices[0].get("message")
+    return msg if isinstance(msg, dict) else None
+
+
+class StreamAnswer:
+    """The assistant message of a chat stream's first choice, from its deltas: the content
+    concatenated, and each tool call's name and argument fragments by index."""
+
+    def __init__(self) -> None:
+        self.content: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+
+    def feed(self, obj: Any) -> None:
+        if not isinstance(obj, dict):
+            return
+        for ch in obj.get("choices") or ():
+            if not isinstance(ch, dict) or ch.get("index", 0) != 0:
+                continue
+            d = ch.get("delta")
+            if not isinstance(d, dict):
+                continue
+            if isinstance(d.get("content"), str):
+                self.content.append(d["content"])
+            for c in d.get("tool_calls") or ():
+                if not isinstance(c, dict):
+                    continue
+                slot = self.calls.setdefault(int(c.get("index", 0) or 0), {"name": "", "arguments": ""})
+                fn = c.get("function")
+                if isinstance(fn, dict):
+                    if isinstance(fn.get("name"), str):
+                        slot["name"] += fn["name"]
+                    if isinstance(fn.get("arguments"), str):
+                        slot["arguments"] += fn["arguments"]
+
+    def message(self) -> dict[str, Any]:
+        msg: dict[str, Any] = {"role": "assistant", "content": "".join(self.content)}
+        if self.calls:
+            msg["tool_calls"] = [{"type": "function", "function": self.calls[i]} for i in sorted(self.calls)]
+        return msg
