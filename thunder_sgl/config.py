@@ -305,8 +305,13 @@ class MonitorConfig:
     success_threshold: int = 1
     """Consecutive good polls before an unhealthy worker rejoins."""
 
+    version_poll_seconds: float = 5.0
+    """Period of reading each worker's weight version (``/model_info``): weights updated behind
+    the router are seen within it even when no answer says so (streams do not)."""
+
     def __post_init__(self) -> None:
         _check(self.poll_interval_seconds > 0, "monitor.poll_interval_seconds must be > 0")
+        _check(self.version_poll_seconds > 0, "monitor.version_poll_seconds must be > 0")
         _check(self.stale_after_seconds > self.poll_interval_seconds, "monitor.stale_after_seconds must exceed the poll interval")
         _check(self.request_timeout_seconds > 0, "monitor.request_timeout_seconds must be > 0")
         _check(self.failure_threshold >= 1 and self.success_threshold >= 1, "monitor thresholds must be >= 1")
@@ -316,7 +321,7 @@ class MonitorConfig:
     # period in front of a simulation at ×8 would be 8 s of engine time, and the HTTP benchmark
     # would schedule on older readings than a real cluster or the DES does). Timeouts and the
     # staleness limit are network timings: not scaled.
-    _TIME_FIELDS = ("poll_interval_seconds",)
+    _TIME_FIELDS = ("poll_interval_seconds", "version_poll_seconds")
 
 
 @dataclass(frozen=True)

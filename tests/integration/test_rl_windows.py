@@ -239,3 +239,43 @@ async def test_control_routes_need_the_admin_key(spawn):
         assert (await http.get(router.url + "/weight_sync")).json()["open"] is False
         ok = await http.post(router.url + "/weight_sync/begin", headers={"Authorization": "Bearer sekret"})
         assert ok.status_code == 200
+
+
+def test_weights_updated_behind_the_routers_back_reset_the_kv_accounting(spawn):
+    """A framework that updates an engine directly (not through thunder): the next answer
+    from that engine names the new version, and without any answer the monitor reads it from
+    /model_info; either way the engine's programs' KV accounting is reset, once per change."""
+    sim = spawn("sim", "tiny", workers=1, time_scale=TS)
+    router = spawn("thunder", sim.urls, time_scale=TS)
+    u, w = router.url, sim.urls[0]
+
+    def resets(pid: str) -> int:
+        return httpx.get(f"{u}/programs/{pid}").json()["kv_resets"]
+
+    def seen() -> float:
+        return metric_values(httpx.get(u + "/metrics").text)["thunder_weight_changes_seen_total"]
+
+    for pid in ("a", "b"):
+        assert httpx.post(u + "/v1/chat/completions", json=chat(pid, 0), timeout=60).status_code == 200
+    from thunder_sgl.children import wait_until
+
+    def version() -> str | None:
+        return httpx.get(u + "/workers").json()["workers"][0]["backends"][0]["weight_version"]
+
+    wait_until(lambda: version() == "default", 10, "thunder to read the engine's version")
+    # behind the router: new weights, the cache flushed; the next answer says so
+    r = httpx.post(w + "/update_weights_from_disk", json={"model_path": MODEL_PATH, "weight_version": "v2"}, timeout=60)
+    assert r.json()["success"], r.text
+    assert httpx.post(u + "/v1/chat/completions", json=chat("a", 1), timeout=60).status_code == 200
+    wait_until(lambda: resets("b") == 1, 10, "the idle program's accounting to be reset")
+    assert version() == "v2" and seen() == 1
+    # only the label, and no request at all: the monitor's /model_info read finds it
+    assert httpx.post(w + "/update_weight_version", json={"new_version": "v3"}, timeout=30).json()["success"]
+    wait_until(lambda: version() == "v3", 10, "the monitor to read the new version")
+    assert resets("b") == 2 and seen() == 2
+    # an update through the router is not taken for one behind its back
+    r = httpx.post(u + "/update_weights_from_disk", json={"model_path": MODEL_PATH, "weight_version": "v4"}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert httpx.post(u + "/v1/chat/completions", json=chat("a", 2), timeout=60).status_code == 200
+    time.sleep(1.0)
+    assert version() == "v4" and seen() == 2 and resets("b") == 3  # the router's own reset, once

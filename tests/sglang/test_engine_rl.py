@@ -169,3 +169,23 @@ def test_the_rl_example_runs_against_a_real_engine(engine, thunder, capsys):
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["failed"] == [] and out["weight_updates"] == 2, out
     assert out["router_weight_version"] == "step-2" and out["programs_left"] == 0
+
+
+def test_a_weight_version_changed_on_the_engine_behind_thunder_resets_its_kv_accounting(engine, thunder):
+    """A framework relabels (or reloads) the engine directly: thunder reads the new version
+    from the engine's /model_info (or its next answer) and resets the KV accounting of the
+    engine's programs, as after an update through the router."""
+    def version() -> str | None:
+        return httpx.get(thunder.url + "/workers", timeout=10).json()["workers"][0]["backends"][0]["weight_version"]
+
+    assert httpx.post(thunder.url + "/v1/chat/completions", json=chat("behind", 8), timeout=120).status_code == 200
+    wait_until(lambda: version() is not None, 15, "thunder to read the engine's weight version")
+    before = version()
+    r = httpx.post(engine.urls[0] + "/update_weight_version", json={"new_version": f"{before}-behind"}, timeout=30)
+    assert r.json()["success"], r.text
+    wait_until(lambda: version() == f"{before}-behind", 15, "thunder to see the new version")
+    p = httpx.get(thunder.url + "/programs/behind", timeout=10).json()
+    assert p["kv_resets"] == 1
+    assert httpx.post(thunder.url + "/v1/chat/completions", json=chat("behind", 8, "-2"), timeout=120).status_code == 200
+    m = httpx.get(thunder.url + "/metrics", timeout=10).text
+    assert "thunder_weight_changes_seen_total 1.0" in m

@@ -191,6 +191,25 @@ def test_an_inferred_program_is_released_after_its_tool_derived_idle_timeout_and
     assert c.programs.get("inf-1").steps == 1 and c.programs.get("explicit") is not None
 
 
+def test_a_weight_version_changed_behind_the_router_resets_that_engines_kv_accounting():
+    c = make(n=2)
+    for pid in ("a", "b"):
+        step(c, pid, 1000, 100, 0.0)
+    on_w0 = [p for p in c.programs if p.backend == "http://w0"]
+    w0, w1 = c.backends["http://w0"], c.backends["http://w1"]
+    assert c.weight_version_seen(w0, "v1", 5.0) == [] and w0.weight_version == "v1"  # first sight: nothing changed
+    assert c.weight_version_seen(w0, "v1", 6.0) == []
+    requeued = c.weight_version_seen(w0, "v2", 7.0)
+    assert requeued == on_w0 and all(p.kv_resets == 1 and p.paused for p in on_w0)
+    assert c.stats.weight_changes_seen == 1 and w1.weight_version is None
+    assert c.weight_version_seen(w1, "v2", 7.5) == [] and c.stats.weight_changes_seen == 1
+    # an answer naming a new version does the same (the version rides on its usage)
+    t = ticket(None, 100)
+    assert c.submit(t, 8.0) is not None
+    c.finish(t, 9.0, Usage(100, 10, 0, weight_version="v3"))
+    assert c.stats.weight_changes_seen == 2 and t.backend.weight_version == "v3"
+
+
 def test_the_program_a_conversation_creates_counts_its_stateless_first_request():
     c = make()
     t = Ticket("inf-2", prompt_chars=4000, inferred=True, adopt=(Usage(900, 100, 0), "http://w0", 5.0))

@@ -206,6 +206,9 @@ class Backend:
     session_refs: bool = False
     """The worker runs with ``--enable-session-radix-cache`` (a ``session_id`` references KV)."""
     served: Served = field(default_factory=Served)
+    weight_version: str | None = None
+    """The engine's weight version as last seen (in an answer, or ``/model_info``); None until
+    then, and after an update through the router that named none."""
     admission: AdmissionLevel | None = None
     """The admission rule's state for this backend (``scheduler.goodput.AdmissionState``, or
     ``scheduler.occupancy.OccupancyState``; None until its first update). Written only from the

@@ -44,6 +44,8 @@ class Worker:
     id: str = field(default_factory=lambda: str(uuid.uuid4()))
     info: WorkerInfo | None = None
     model_info: dict[str, Any] | None = None
+    version_read_at: float = float("-inf")
+    """When ``/model_info`` was last read for the weight version."""
     backends: list[Backend] = field(default_factory=list)
     healthy: bool = False
     registered: bool = False
@@ -88,6 +90,7 @@ class Worker:
                     "running_reqs": b.live.running_reqs,
                     "waiting_reqs": b.live.waiting_reqs,
                     "inflight": b.inflight,
+                    "weight_version": b.weight_version,
                     "admission": b.admission.view() if b.admission is not None else None,
                 }
                 for b in self.backends
@@ -105,9 +108,12 @@ class Monitor:
         headers: dict[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_health: Callable[[Worker], None] | None = None,
+        on_version: Callable[[Worker, str], None] | None = None,
     ) -> None:
         """``on_health`` is told of every change of a worker's health (the scheduler acts on
-        both: a worker back in service can take held requests at once)."""
+        both: a worker back in service can take held requests at once); ``on_version`` of the
+        weight version read from ``/model_info`` every ``version_poll_seconds``."""
+        self.on_version = on_version
         self.cfg = cfg
         self.session = session
         self.on_backends = on_backends
@@ -246,10 +252,24 @@ class Monitor:
             b.live.read(r, now, h)
         w.fails = 0
         w.oks += 1
+        if self.on_version is not None and now - w.version_read_at >= self.cfg.version_poll_seconds:
+            w.version_read_at = now
+            await self._read_version(w)
         if not w.healthy and w.oks >= self.cfg.success_threshold:
             if w.registered:
                 log.info("worker %s healthy", w.url)
             self._set_health(w, True, None)
+
+    async def _read_version(self, w: Worker) -> None:
+        try:
+            info = await self._get_json(w, "/model_info", "/get_model_info")
+        except asyncio.CancelledError:
+            raise
+        except (TimeoutError, aiohttp.ClientError, ParseError, ValueError, OSError):
+            return  # the loads poll judges health; a version unread now is read next time
+        v = info.get("weight_version") if isinstance(info, dict) else None
+        if isinstance(v, str) and v and self.on_version is not None:
+            self.on_version(w, v)
 
     def _set_health(self, w: Worker, healthy: bool, reason: str | None) -> None:
         changed = w.healthy != healthy

@@ -35,7 +35,7 @@ from thunder_sgl.backends.backend import Backend
 from thunder_sgl.config import RouterConfig, SchedulerConfig
 from thunder_sgl.control.kvrefs import KVRefs
 from thunder_sgl.control.tickets import Stats, Ticket, TickResult
-from thunder_sgl.control.windows import Windows
+from thunder_sgl.control.windows import Reason, Windows
 from thunder_sgl.errors import BadRequest, Conflict, NoBackend, NotFound, Overloaded
 from thunder_sgl.programs import GroupTable, Program, ProgramState, ProgramTable, Usage
 from thunder_sgl.scheduler import Decisions, apply, least_loaded, make_policy
@@ -145,6 +145,8 @@ class Controller:
             self.stats.failed_requests += 1
         p = t.program
         if p is None or self.programs.get(p.id) is not p or p.in_flight == 0:
+            if usage is not None and usage.weight_version is not None and b is not None:
+                self.weight_version_seen(b, usage.weight_version, now)
             return []  # stateless, or released meanwhile
         first = p.steps == 0
         if usage is not None and b is not None:
@@ -152,7 +154,28 @@ class Controller:
         p.finish_request(now, usage, self.sched.output_ema_alpha)
         if usage is not None:
             self._learn_sizes(p, t, usage, first)
+        if usage is not None and usage.weight_version is not None and b is not None:
+            self.weight_version_seen(b, usage.weight_version, now)
         return self._drain_gated(b, now) if b is not None else []
+
+    def weight_version_seen(self, b: Backend, version: str, now: float) -> list[Program]:
+        """The engine of ``b`` reports weights ``version`` (in an answer, or its model info).
+        A version other than the one last seen means the weights changed behind the router
+        (a framework updating the engines directly): the engine flushed its cache with them,
+        so its programs' KV accounting is reset as after an update through the router
+        (``reset_kv``). Returns the programs sent back to the queue."""
+        old = b.weight_version
+        if old == version:
+            return []
+        ranks = [x for x in self.backends.values() if x.worker_url == b.worker_url]
+        for x in ranks:
+            x.weight_version = version
+        if old is None or self.windows.has(Reason.UPDATING):
+            return []  # first sight; or an update through the router, which resets what it flushed
+        self.stats.weight_changes_seen += 1
+        log.warning("worker %s reports weights %r (was %r): updated behind the router; its KV accounting is reset",
+                    b.key, version, old)
+        return self.reset_kv([x.key for x in ranks], now)
 
     def _measure(self, b: Backend, p: Program, t: Ticket, usage: Usage, now: float) -> None:
         """What the admission rule reads of this step (``Backend.served``): its tokens, the part

@@ -90,6 +90,8 @@ class Stats:
     """Requests held because a weight-update window was open."""
     kv_resets: int = 0
     """Programs whose cached KV the engines dropped (new weights, flushed cache)."""
+    weight_changes_seen: int = 0
+    """Engines whose weight version changed behind the router."""
 
 
 @dataclass

@@ -95,6 +95,7 @@ class EngineControl:
             done = [r.worker for r in fan.replies if r.ok and _success(r)]
             if done:
                 self.windows.weights_updated(upd.weight_version)
+                self._versions(done, upd.weight_version)
                 if upd.flush_cache:
                     self._reset(done, now)
             self._closed(self.windows.release(Reason.UPDATING, now))
@@ -196,6 +197,13 @@ class EngineControl:
     def _inflight(self, url: str) -> int:
         assert self.gw.monitor is not None
         return sum(b.inflight for w in self.gw.monitor.workers.values() if w.url == url for b in w.backends)
+
+    def _versions(self, urls: list[str], version: str | None) -> None:
+        """An update through the router: the engines' new version is known (or, unnamed, read
+        afresh from their next answer), so it is not taken for one behind the router's back."""
+        for b in self.gw.controller.backend_list():
+            if b.worker_url in urls:
+                b.weight_version = version
 
     def _reset(self, urls: list[str], now: float) -> None:
         """The engines of ``urls`` dropped their KV: reset the accounting of their programs."""

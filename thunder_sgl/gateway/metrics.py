@@ -108,6 +108,8 @@ class _StateCollector(Collector):
             ("thunder_ticks", s.ticks, "Scheduler ticks"),
             ("thunder_window_held", s.window_held, "Requests held because a weight-update window was open"),
             ("thunder_kv_resets", s.kv_resets, "Programs whose cached KV the engines dropped (new weights, flush)"),
+            ("thunder_weight_changes_seen", s.weight_changes_seen,
+             "Engines seen with new weights the router did not load (updated behind it)"),
             ("thunder_windows_opened", c.windows.opened, "Weight-update windows opened"),
             ("thunder_windows_expired", c.windows.expired, "Weight-update windows closed by the watchdog"),
             ("thunder_usage_prompt_tokens", s.prompt_tokens, "Prompt tokens reported in usage"),

@@ -81,6 +81,7 @@ class Gateway:
         self.monitor = Monitor(
             self.cfg.monitor, self.session, self._on_worker_ready, self._on_worker_removed,
             headers=self.upstream_auth(), clock=self.clock, on_health=self._on_worker_health,
+            on_version=self._on_worker_version,
         )
         for url in self.cfg.gateway.worker_urls:
             self.monitor.add(url)
@@ -141,6 +142,15 @@ class Gateway:
         for b in w.backends:
             self.controller.add_backend(b)
         self.kick()
+
+    def _on_worker_version(self, w: Worker, version: str) -> None:
+        """The monitor read a worker's weight version: changed behind the router, its
+        programs' KV accounting is reset and the queue refills them."""
+        now = self.clock()
+        requeued = [p for b in w.backends if b.key in self.controller.backends
+                    for p in self.controller.weight_version_seen(self.controller.backends[b.key], version, now)]
+        if requeued:
+            self.kick()
 
     def _on_worker_health(self, w: Worker) -> None:
         # Without a tick now, requests held while the worker was down would wait for the

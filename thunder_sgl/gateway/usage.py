@@ -4,6 +4,7 @@ OpenAI routes report ``usage.prompt_tokens``, ``usage.completion_tokens`` and, w
 ``--enable-cache-report``, ``usage.prompt_tokens_details.cached_tokens`` (per-tier detail under
 ``sglext.cached_tokens_details`` when asked). ``/generate`` reports ``meta_info.prompt_tokens``,
 ``completion_tokens``, ``cached_tokens`` and ``cached_tokens_details{device, host, storage}``.
+Both say the engine's weight version (``metadata.weight_version``, ``meta_info.weight_version``).
 """
 
 from __future__ import annotations
@@ -36,7 +37,13 @@ def usage_from_openai(obj: Any) -> Usage | None:
     cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else 0
     sglext = obj.get("sglext")
     host, storage = _tiers(sglext.get("cached_tokens_details") if isinstance(sglext, dict) else None)
-    return Usage(_int(u.get("prompt_tokens")), _int(u.get("completion_tokens")), cached, host, storage)
+    meta = obj.get("metadata")
+    return Usage(_int(u.get("prompt_tokens")), _int(u.get("completion_tokens")), cached, host, storage,
+                 _version(meta.get("weight_version") if isinstance(meta, dict) else None))
+
+
+def _version(v: Any) -> str | None:
+    return v if isinstance(v, str) and v else None
 
 
 def usage_from_generate(obj: Any) -> Usage | None:
@@ -48,7 +55,8 @@ def usage_from_generate(obj: Any) -> Usage | None:
     if not isinstance(m, dict) or "prompt_tokens" not in m:
         return None
     host, storage = _tiers(m.get("cached_tokens_details"))
-    return Usage(_int(m.get("prompt_tokens")), _int(m.get("completion_tokens")), _int(m.get("cached_tokens")), host, storage)
+    return Usage(_int(m.get("prompt_tokens")), _int(m.get("completion_tokens")), _int(m.get("cached_tokens")), host, storage,
+                 _version(m.get("weight_version")))
 
 
 def usage_from_body(route: str, body: bytes) -> Usage | None:

@@ -47,6 +47,9 @@ class Usage:
     cached_tokens: int = 0
     cached_host_tokens: int = 0
     cached_storage_tokens: int = 0
+    weight_version: str | None = None
+    """The engine's weight version when the request finished (SGLang's ``metadata`` /
+    ``meta_info``), when it says."""
 
 
 _set = object.__setattr__

@@ -9,6 +9,9 @@ answers (``entrypoints/http_server.py``; ``managers/io_struct.py`` for the bodie
   pause it waits for the requests in flight to finish (new ones wait), as SGLang's writer
   lock does; then the load takes ``control.weight_update_seconds`` of virtual time. The served
   model path, or any existing directory, loads; another path fails like a missing checkpoint;
+- ``POST /update_weight_version {"new_version", "abort_all_requests"?}`` → ``{"success",
+  "message", "new_version"}``: the version label only (no weights, no flush), requests aborted
+  first unless ``abort_all_requests`` is false, as SGLang's;
 - ``GET|POST /release_memory_occupation``, ``/resume_memory_occupation {"tags"?}`` → 200 ``null``.
 
 Bodies are validated as SGLang's pydantic models do: a bad field is a 400 with SGLang's error body.
@@ -83,6 +86,25 @@ async def continue_generation(request: web.Request) -> web.Response:
     return _ok("Generation continued successfully.")
 
 
+async def update_weight_version(request: web.Request) -> web.Response:
+    srv = request.app[SIM]
+    try:
+        body = await _object(request)
+        version = body.get("new_version")
+        if not isinstance(version, str):
+            raise SimRequestError("new_version: Field required (a string)")
+        abort = body.get("abort_all_requests", True)
+        if not isinstance(abort, bool):
+            raise SimRequestError("abort_all_requests: Input should be a valid boolean")
+    except SimRequestError as e:
+        return error_response(str(e), 400)
+    if abort:
+        srv.worker.abort_all(srv.clock.now())
+        srv.kick()
+    srv.worker.weight_version = version
+    return json_response({"success": True, "message": f"Weight version updated to {version}", "new_version": version})
+
+
 def _loadable(srv: SimServer, path: str) -> bool:
     return path == srv.worker.cfg.model.model_path or os.path.isdir(path)
 
@@ -155,6 +177,7 @@ def add_control_routes(r: web.UrlDispatcher) -> None:
     r.add_post("/pause_generation", pause_generation)
     r.add_post("/continue_generation", continue_generation)
     r.add_post("/update_weights_from_disk", update_weights_from_disk)
+    r.add_post("/update_weight_version", update_weight_version)
     for path, handler in (("/release_memory_occupation", release_memory_occupation),
                           ("/resume_memory_occupation", resume_memory_occupation)):
         r.add_get(path, handler)
