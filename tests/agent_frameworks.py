@@ -12,6 +12,7 @@ unparseable answer out) and asks again, until its ``step_limit``
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,7 @@ def run_agents(router_url: str, tasks: list[str], steps: int, model: str, progra
                              LocalEnvironment(**cfg.get("environment", {})),
                              **{**cfg["agent"], "step_limit": steps, "cost_limit": 0, "max_consecutive_format_errors": 0})
         info = agent.run(task)
+        assert info.get("exit_status") == "LimitsExceeded", info  # every step a format error, to the limit
         return {"exit": info.get("exit_status"), "calls": agent.n_calls, "pid": pid}
 
     with ThreadPoolExecutor(max_workers=threads) as pool:
@@ -117,3 +119,24 @@ def run_openai_agents(router_url: str, tasks: list[str], turns: int, model: str,
         return list(await asyncio.gather(*(one(client, t, p) for t, p in zip(tasks, ids, strict=True))))
 
     return asyncio.run(main())
+
+
+def explicit_then_inferred(router_url: str, run: Callable[[str, list[str | None] | None], list[int]], n: int,
+                           steps: int, prefix: str) -> tuple[list[dict[str, Any]], float, float]:
+    """Run ``n`` agents of a framework twice through the router, each run from a cold cache:
+    with program ids ``prefix-i`` in the framework's configuration, then with none.
+    ``run(tag, ids)`` runs one agent per task of ``tag`` and returns their model calls. Checks
+    that every agent made ``steps`` calls and landed in exactly one program of ``steps`` steps
+    both times; returns the inferred programs and the two KV hit rates (explicit, inferred)."""
+    ids: list[str | None] = [f"{prefix}-{i}" for i in range(n)]
+    assert run("x", ids) == [steps] * n
+    by_id = {p["id"]: p for p in programs(router_url)}
+    assert all(by_id[i]["steps"] == steps and not by_id[i]["inferred"] for i in ids), by_id
+    explicit = hit_rate([by_id[i] for i in ids])
+    for i in ids:
+        httpx.post(f"{router_url}/programs/{i}/release").raise_for_status()
+    httpx.post(router_url + "/flush_cache").raise_for_status()
+    assert run("y", None) == [steps] * n
+    progs = programs(router_url)
+    assert len(progs) == n and all(p["inferred"] and p["steps"] == steps for p in progs), progs
+    return progs, explicit, hit_rate(progs)

@@ -31,3 +31,10 @@ def spawn(log_dir) -> Iterator:
     yield _spawn
     for p in reversed(procs):
         p.stop()
+
+
+@pytest.fixture
+def thunder_on_sim(spawn) -> Proc:
+    """Two simulated workers at 10× real time and a thunder router (the default policy) in front."""
+    sim = spawn("sim", "tiny", workers=2, time_scale=10.0)
+    return spawn("thunder", sim.urls, time_scale=10.0)

@@ -65,9 +65,9 @@ def test_unmodified_agents_sharing_a_prompt_and_a_task_each_land_in_one_inferred
 
 def test_greedy_agents_answered_alike_are_routed_statelessly_never_merged(cluster):
     """Without a temperature the simulator answers identical prompts identically (as greedy
-    decoding does): four identical agents start four conversations (their first requests go
-    statelessly), whose expectations are then equal; the second steps of two of them match all
-    four, so they go statelessly too and are counted; no program is made of them."""
+    decoding does): four identical agents get four programs at their first steps (nothing to
+    match yet), whose expectations are then equal; the second steps of two of them match all
+    four, so they go statelessly and are counted; nothing is merged."""
     _, router = cluster
     client = AsyncOpenAI(base_url=router.url + "/v1", api_key="none")
 
@@ -78,27 +78,27 @@ def test_greedy_agents_answered_alike_are_routed_statelessly_never_merged(cluste
                              agent(client, 2, stream=True, temperature=None))
 
     asyncio.run(main())
-    assert httpx.get(router.url + "/programs").json()["count"] == 0
+    progs = httpx.get(router.url + "/programs").json()["data"]
+    assert len(progs) == 4 and all(p["steps"] == 1 for p in progs)
     m = metrics(router.url)
     assert m['thunder_inferred_requests_total{result="new"}'] == 4
     assert m['thunder_inferred_requests_total{result="ambiguous"}'] == 2
     assert m['thunder_inferred_requests_total{result="matched"}'] == 0
 
 
-def test_a_one_shot_request_stays_stateless_and_a_conversation_becomes_a_program_at_its_second_request(cluster):
-    _, router = cluster
-
-    async def main() -> list[int]:
-        client = AsyncOpenAI(base_url=router.url + "/v1", api_key="none")
-        await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "one question"}],
-                                             max_tokens=8)
-        assert httpx.get(router.url + "/programs").json()["count"] == 0
-        return await agent(client, 2, stream=False)
-
-    cached = asyncio.run(main())
+def test_a_one_shot_request_is_a_program_of_one_step_released_by_its_idle_timeout(spawn):
+    sim = spawn("sim", "tiny", workers=1, time_scale=TS)
+    # 60 s at least, divided by the time scale: 6 s
+    router = spawn("thunder", sim.urls, time_scale=TS)
+    r = httpx.post(router.url + "/v1/chat/completions", timeout=60, json={
+        "model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "one question"}]})
+    assert r.status_code == 200
     (p,) = httpx.get(router.url + "/programs").json()["data"]
-    assert p["inferred"] and p["steps"] == 2 and p["tokens"]["cached"] == sum(cached)
-    assert p["tokens"]["prompt"] > 1000 and p["context_tokens"] > p["tokens"]["prompt"] / 2
+    assert p["inferred"] and p["steps"] == 1
+    from thunder_sgl.children import wait_until
+
+    wait_until(lambda: httpx.get(router.url + "/programs").json()["count"] == 0, 20, "the idle release")
+    assert metrics(router.url)["thunder_released_idle_total"] == 1
 
 
 def test_an_explicit_id_wins_and_inference_can_be_turned_off(spawn):
@@ -114,3 +114,22 @@ def test_an_explicit_id_wins_and_inference_can_be_turned_off(spawn):
     progs = httpx.get(router.url + "/programs").json()["data"]
     assert [(p["id"], p["inferred"], p["steps"]) for p in progs] == [("mine", False, 2)]
     assert "thunder_inferred_requests_total" not in httpx.get(router.url + "/metrics").text
+
+
+def test_a_new_conversation_the_router_has_no_room_to_track_goes_statelessly(spawn, tmp_path):
+    cfg = tmp_path / "thunder.yaml"
+    cfg.write_text("programs:\n  max_programs: 2\n")
+    sim = spawn("sim", "tiny", workers=1, time_scale=TS)
+    router = spawn("thunder", sim.urls, time_scale=TS, extra=["--thunder-config", str(cfg)])
+
+    async def main() -> None:
+        client = AsyncOpenAI(base_url=router.url + "/v1", api_key="none")
+        await asyncio.gather(*(agent(client, 1, stream=False) for _ in range(2)))
+        await agent(client, 2, stream=False)  # a third: answered, statelessly, never refused
+
+    asyncio.run(main())
+    assert httpx.get(router.url + "/programs").json()["count"] == 2
+    m = metrics(router.url)
+    assert m['thunder_inferred_requests_total{result="overflow"}'] == 2
+    assert m['thunder_inferred_requests_total{result="new"}'] == 2  # each request counted once
+    assert m['thunder_inferred_requests_total{result="matched"}'] == 0

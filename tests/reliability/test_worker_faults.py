@@ -162,7 +162,8 @@ def test_a_silent_worker_is_marked_unhealthy_in_bounded_time_and_rejoins(two):
 
 def test_a_slow_worker_gets_less_stateless_work(two):
     """Requests without a program id go to the backend with the fewest requests in flight:
-    a worker that answers 300 ms slower accumulates in-flight requests and gets fewer."""
+    a worker that answers 300 ms slower accumulates in-flight requests and gets fewer.
+    (``/v1/completions``: a chat request without an id is an inferred program's.)"""
     a, b, r = two
     faults(a.url, added_latency_ms=300)
 
@@ -172,7 +173,8 @@ def test_a_slow_worker_gets_less_stateless_work(two):
 
     def client(i: int) -> None:
         for j in range(6):
-            assert chat(r.url, None, f"question {i}-{j} " * 10, max_tokens=4).status_code == 200
+            body = {"model": "tiny", "max_tokens": 4, "prompt": f"question {i}-{j} " * 10}
+            assert httpx.post(r.url + "/v1/completions", json=body, timeout=60).status_code == 200
 
     before = {u: served(u) for u in (a.url, b.url)}
     threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]

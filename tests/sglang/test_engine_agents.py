@@ -4,9 +4,8 @@ configuration, and none at all."""
 
 from __future__ import annotations
 
-import httpx
 import pytest
-from agent_frameworks import hit_rate, programs, run_agents, run_openai_agents
+from agent_frameworks import explicit_then_inferred, run_agents, run_openai_agents
 
 pytest.importorskip("minisweagent")
 # litellm's response model types SGLang's ``metadata.weight_versions`` (a list of spans) as a
@@ -29,36 +28,19 @@ def tasks(tag: str) -> list[str]:
 
 def test_mini_swe_agents_through_thunder_with_explicit_and_inferred_ids(engine, routers):
     thunder = routers("thunder", engine.urls)
-    explicit = run_agents(thunder.url, tasks("x"), STEPS, "default", [f"msa-{i}" for i in range(N)], max_tokens=16)
-    assert all(a["calls"] == STEPS for a in explicit)
-    by_id = {p["id"]: p for p in programs(thunder.url)}
-    assert all(by_id[f"msa-{i}"]["steps"] == STEPS for i in range(N))
-    explicit_hit = hit_rate([by_id[f"msa-{i}"] for i in range(N)])
-    for i in range(N):
-        httpx.post(thunder.url + f"/programs/msa-{i}/release").raise_for_status()
-    httpx.post(thunder.url + "/flush_cache").raise_for_status()  # both runs start from a cold cache
 
-    inferred = run_agents(thunder.url, tasks("y"), STEPS, "default", max_tokens=16)
-    assert all(a["calls"] == STEPS for a in inferred)
-    progs = programs(thunder.url)
-    assert len(progs) == N and all(p["inferred"] and p["steps"] == STEPS for p in progs), progs
-    assert explicit_hit > 0.3 and abs(hit_rate(progs) - explicit_hit) <= 0.02, (hit_rate(progs), explicit_hit)
+    def run(tag: str, ids: list[str | None] | None) -> list[int]:
+        return [a["calls"] for a in run_agents(thunder.url, tasks(tag), STEPS, "default", ids, max_tokens=16)]
+
+    _, explicit, inferred = explicit_then_inferred(thunder.url, run, N, STEPS, "msa")
+    assert explicit > 0.3 and abs(inferred - explicit) <= 0.02, (inferred, explicit)
 
 
 def test_openai_agents_sdk_through_thunder_with_explicit_and_inferred_ids(engine, routers):
     pytest.importorskip("agents")
     thunder = routers("thunder", engine.urls)
     turns = 3
-    assert run_openai_agents(thunder.url, tasks("a"), turns, "default", [f"oa-{i}" for i in range(N)],
-                             max_tokens=16) == [turns] * N
-    by_id = {p["id"]: p for p in programs(thunder.url)}
-    assert all(by_id[f"oa-{i}"]["steps"] == turns for i in range(N))
-    explicit_hit = hit_rate([by_id[f"oa-{i}"] for i in range(N)])
-    for i in range(N):
-        httpx.post(thunder.url + f"/programs/oa-{i}/release").raise_for_status()
-    httpx.post(thunder.url + "/flush_cache").raise_for_status()
-
-    assert run_openai_agents(thunder.url, tasks("b"), turns, "default", max_tokens=16) == [turns] * N
-    progs = programs(thunder.url)
-    assert len(progs) == N and all(p["inferred"] and p["steps"] == turns for p in progs), progs
-    assert explicit_hit > 0.3 and abs(hit_rate(progs) - explicit_hit) <= 0.02, (hit_rate(progs), explicit_hit)
+    _, explicit, inferred = explicit_then_inferred(
+        thunder.url, lambda tag, ids: run_openai_agents(thunder.url, tasks(tag), turns, "default", ids, max_tokens=16),
+        N, turns, "oa")
+    assert explicit > 0.3 and abs(inferred - explicit) <= 0.02, (inferred, explicit)

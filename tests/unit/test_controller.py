@@ -210,17 +210,6 @@ def test_a_weight_version_changed_behind_the_router_resets_that_engines_kv_accou
     assert c.stats.weight_changes_seen == 2 and t.backend.weight_version == "v3"
 
 
-def test_the_program_a_conversation_creates_counts_its_stateless_first_request():
-    c = make()
-    t = Ticket("inf-2", prompt_chars=4000, inferred=True, adopt=(Usage(900, 100, 0), "http://w0", 5.0))
-    assert c.submit(t, 20.0) is None and t in c.tick(20.0).dispatched
-    p = c.programs.get("inf-2")
-    assert (p.steps, p.prompt_tokens_total, p.completion_tokens_total, p.prev_backend) == (1, 900, 100, "http://w0")
-    assert p.max_tool_seconds == 15.0  # from the first answer to the second request (its idle timeout)
-    c.finish(t, 21.0, Usage(1100, 50, 1000))
-    assert (p.steps, p.context_tokens, p.cached_tokens_total) == (2, 1150, 1000)
-
-
 @pytest.mark.parametrize(
     ("limits", "fill"),
     [({"max_waiting_programs": 2}, 2), ({"max_held_requests": 3}, 3)],

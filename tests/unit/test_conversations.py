@@ -50,7 +50,7 @@ def test_a_conversation_lands_in_one_program_step_after_step():
         msgs = [*msgs, {"role": "assistant", "content": answer["content"]}, {"role": "user", "content": f"out {step}"}]
         m = conv.match(msgs, float(step))
         assert (m.kind, m.program_id) == ("matched", pid)
-    assert conv.counts == {"matched": 5, "new": 1, "ambiguous": 0, "busy": 0}
+    assert conv.counts == {"matched": 5, "new": 1, "ambiguous": 0, "busy": 0, "overflow": 0}
 
 
 def test_a_resent_earlier_step_lands_in_its_program():

@@ -373,6 +373,12 @@ class Controller:
             raise NotFound(f"program {pid!r} not found (never seen, or already released)", code="program_not_found")
         return p
 
+    def can_create(self) -> bool:
+        """Whether a new program would be taken now (not refused by ``max_programs`` or
+        ``max_waiting_programs``)."""
+        return (len(self.programs) < self.cfg.programs.max_programs
+                and self.programs.waiting_count < self.cfg.gateway.max_waiting_programs)
+
     def _create(self, t: Ticket, now: float) -> Program:
         g = self.cfg.gateway
         if len(self.programs) >= self.cfg.programs.max_programs:
@@ -386,9 +392,6 @@ class Controller:
         if p.group is not None and self.sched.groups:
             p.group_key = p.group.key
         p.inferred = t.inferred
-        if t.adopt is not None:
-            usage, backend, finished = t.adopt
-            p.adopt(usage, backend, finished, now, self.sched.output_ema_alpha)
         if t.prefix_key:
             p.prefix_key = t.prefix_key
             p.shared_prefix_tokens = self._prefix_tokens.get(

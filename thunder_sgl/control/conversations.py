@@ -27,10 +27,11 @@ happened since (tool output, user feedback). The rule:
    to it: an agent's first request is every agent's head with that system prompt and task),
    decides. One program there: the request is that program's (``matched``). Several: the
    request is routed statelessly and counted (``ambiguous``), never merged. None: a new
-   conversation (``new``), named ``inf-`` and 16 hex digits. Its first request is routed
-   statelessly, like any request without a program id, so one-shot traffic never becomes a
-   program; its second request creates the program, which counts the first as its first
-   step (``Program.adopt``: its tokens, its context, the backend it ran on). Two live conversations with an identical
+   program (``new``), named ``inf-`` and 16 hex digits, admitted like one whose client named
+   it. (Its first request could go statelessly instead, the program made at its second: on
+   the real CPU engine that let every agent's first step in past admission — a batch of 37
+   where thunder ran 9 — and lost 10% of the steps and 26 points of KV hit rate against
+   explicit ids, ``bench/results/grid-cpu-real-1e-6r/``.) Two live conversations with an identical
    head — RL samples of one task, agents that share a system prompt and a task — are told
    apart by the answers they received, which are in their expectations; agents whose
    requests are byte for byte the same (the same task, and answers dropped or identical)
@@ -125,12 +126,9 @@ class Match:
     kind: str
     """``matched``, ``new`` or ``ambiguous``."""
     program_id: str | None
-    """The program (None when ambiguous; for ``new``, the id its next request will create)."""
+    """The program (None when ambiguous)."""
     head: bytes
     """``hₙ`` of the request's messages: the start of its expectation once answered."""
-    first: Any = None
-    """``matched``, the conversation's second request: what ``answered`` was given of its
-    first (which ran statelessly), for the program it creates to count (``Program.adopt``)."""
 
 
 @dataclass
@@ -138,8 +136,6 @@ class _Record:
     expectations: list[bytes] = field(default_factory=list)
     heads: list[bytes] = field(default_factory=list)
     last: float = 0.0
-    first: Any = None
-    """The first request's outcome, until the second request takes it."""
 
 
 class Conversations:
@@ -152,9 +148,11 @@ class Conversations:
         self._index: dict[bytes, set[str]] = {}  # expectation → programs
         self._heads: dict[bytes, set[str]] = {}  # head → programs
         self._records: OrderedDict[str, _Record] = OrderedDict()  # least recently matched first
-        self.counts = {"matched": 0, "new": 0, "ambiguous": 0, "busy": 0}
-        """Requests by outcome; ``busy`` (counted by the gateway): matched a program that had
-        a request out already, so sent statelessly."""
+        self.counts = {"matched": 0, "new": 0, "ambiguous": 0, "busy": 0, "overflow": 0}
+        """Requests by outcome, each once; the gateway moves a ``matched`` or ``new`` one
+        (``recount``) to ``busy``, its program had a request out already, or ``overflow``, the
+        router had no room to track another program (``max_programs``,
+        ``max_waiting_programs``): both sent statelessly."""
 
     def __len__(self) -> int:
         return len(self._records)
@@ -184,19 +182,23 @@ class Conversations:
             rec.last = now
             self._records.move_to_end(pid)
             self.counts["matched"] += 1
-            first, rec.first = rec.first, None
-            return Match("matched", pid, head, first)
+            return Match("matched", pid, head)
         self.counts["new"] += 1
         return Match("new", self.prefix + os.urandom(8).hex(), head)
 
-    def answered(self, pid: str, head: bytes, answer: dict[str, Any], now: float, first: Any = None) -> None:
+    def recount(self, kind: str, outcome: str) -> None:
+        """A request ``match`` counted as ``kind`` went otherwise (``busy``, ``overflow``):
+        every request is counted once, by what was done with it."""
+        self.counts[kind] -= 1
+        self.counts[outcome] += 1
+
+    def answered(self, pid: str, head: bytes, answer: dict[str, Any], now: float) -> None:
         """The answer to ``pid``'s request (whose chain ended at ``head``) was relayed: index
-        the expectation it makes, and the head (rule 3). ``first``: the outcome of a new
-        conversation's first request, handed to its second (``Match.first``)."""
+        the expectation it makes, and the head (rule 3)."""
         h = chain([{**answer, "role": "assistant"}], head)[0]
         rec = self._records.get(pid)
         if rec is None:
-            rec = self._records[pid] = _Record(first=first)
+            rec = self._records[pid] = _Record()
         else:
             self._records.move_to_end(pid)
         rec.last = now

@@ -54,12 +54,7 @@ class Ticket:
     conversation: bytes | None = None
     """No program id sent: the chain hash of the request's messages, which its answer extends."""
     conversation_id: str | None = None
-    """No program id sent: the program its answer is recorded under (``conversations``); the
-    request of a new conversation goes statelessly (``program_id`` None) and names here the
-    program its next request will create."""
-    adopt: tuple[Any, str | None, float] | None = None
-    """(usage, backend key, end time) of a conversation's first request, which ran statelessly:
-    counted by the program this ticket creates (``Program.adopt``)."""
+    """No program id sent: the program its answer is recorded under (``conversations``)."""
 
     @property
     def held_seconds(self) -> float:

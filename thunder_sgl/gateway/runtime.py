@@ -203,32 +203,30 @@ class Gateway:
         now = self.clock()
         if answer is not None and usage is not None and t.conversation_id is not None \
                 and t.conversation is not None and self.conversations is not None:
-            first = (usage, t.backend.key if t.backend is not None else None, now) if t.program_id is None else None
-            self.conversations.answered(t.conversation_id, t.conversation, answer, now, first)
+            self.conversations.answered(t.conversation_id, t.conversation, answer, now)
         self._dispatch(self.controller.finish(t, now, usage))
 
     def infer(self, t: Ticket, messages: list[Any]) -> None:
-        """A chat request that names no program (``conversations``): the first request of a
-        conversation goes statelessly, its answer recorded under the program id its next
-        request creates; a request that continues one conversation is that program's. One
-        that continues several (ambiguous), or whose program has a request out already (an
-        unmodified client is never refused with 409), goes statelessly, unrecorded."""
+        """A chat request that names no program (``conversations``): the program whose
+        conversation it continues, or a new one. It goes statelessly, unrecorded, when it
+        continues several (ambiguous) or its program has a request out already (an unmodified
+        client is never refused with 409); a new one goes statelessly but is recorded when the
+        router cannot take another program (its next request may)."""
         if self.conversations is None:
             return
         m = self.conversations.match(messages, self.clock())
         if m.program_id is None:
             return
-        if m.kind == "new":
-            t.conversation, t.conversation_id = m.head, m.program_id
-            return
-        p = self.controller.programs.get(m.program_id)
+        c = self.controller
+        p = c.programs.get(m.program_id)
         if p is not None and (p.in_flight or p.held):
-            self.conversations.counts["busy"] += 1
+            self.conversations.recount(m.kind, "busy")
             return
-        t.program_id = t.conversation_id = m.program_id
-        t.inferred, t.conversation = True, m.head
-        if p is None and m.first is not None:
-            t.adopt = m.first
+        t.conversation, t.conversation_id = m.head, m.program_id
+        if p is None and not c.can_create():
+            self.conversations.recount(m.kind, "overflow")
+            return
+        t.program_id, t.inferred = m.program_id, True
 
     # ---- request ids (for /abort_request) ---------------------------------------------
     def track(self, t: Ticket) -> None:

@@ -218,20 +218,6 @@ class Program:
         self._require(self.held > 0, "unhold")
         self.held -= 1
 
-    def adopt(self, first: Usage, backend: str | None, finished: float, now: float, alpha: float) -> None:
-        """Count the first request of an inferred program, which ran before the program existed
-        (statelessly, on ``backend``, done at ``finished``; ``control.conversations``): one step,
-        its context and tokens, and the tool time from then to ``now``, its second request."""
-        self._require(self.steps == 0 and self.in_flight == 0, "adopt")
-        self.steps = 1
-        self.context_tokens = first.prompt_tokens + first.completion_tokens
-        self.prompt_tokens_total += first.prompt_tokens
-        self.cached_tokens_total += first.cached_tokens
-        self.completion_tokens_total += first.completion_tokens
-        self.expected_output_tokens = ema(self.expected_output_tokens, float(first.completion_tokens), alpha)
-        self.prev_backend = backend
-        self.last_tool_seconds = self.max_tool_seconds = max(0.0, now - finished)
-
     def reset_kv(self, now: float) -> None:
         """The engine dropped this program's cached KV (new weights, flushed cache): its next
         request is a full prefill wherever it runs. Its demand counts fully again (the decay
