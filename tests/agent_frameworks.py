@@ -74,12 +74,15 @@ def hit_rate(progs: list[dict[str, Any]]) -> float:
 
 
 def run_openai_agents(router_url: str, tasks: list[str], turns: int, model: str,
-                      program_ids: list[str | None] | None = None, max_tokens: int = 24) -> list[int]:
+                      program_ids: list[str | None] | None = None, max_tokens: int = 24,
+                      concurrent: bool = True) -> list[int]:
     """One OpenAI Agents SDK agent per task (``Agent`` + ``Runner`` on
     ``OpenAIChatCompletionsModel`` at the router), each a conversation of ``turns`` runs: the
     SDK's own history (``RunResult.to_input_list()``) plus a new user message each turn. A
     program id, where given, goes through ``ModelSettings.extra_body``. Returns each agent's
-    model calls (the model never calls the tool here, so one per turn)."""
+    model calls (the model never calls the tool here, so one per turn). ``concurrent`` False:
+    one agent after the other (whether concurrent first requests find their shared prefix
+    cached depends on timing, a few points of hit rate either way)."""
     import asyncio
 
     from agents import (
@@ -116,6 +119,8 @@ def run_openai_agents(router_url: str, tasks: list[str], turns: int, model: str,
     async def main() -> list[int]:
         client = AsyncOpenAI(base_url=router_url + "/v1", api_key="none", max_retries=0)
         ids = program_ids or [None] * len(tasks)
+        if not concurrent:
+            return [await one(client, t, p) for t, p in zip(tasks, ids, strict=True)]
         return list(await asyncio.gather(*(one(client, t, p) for t, p in zip(tasks, ids, strict=True))))
 
     return asyncio.run(main())
