@@ -27,7 +27,8 @@ from thunder_sgl.textgen import text
 X = {"ignore_eos": True}  # random weights stop early otherwise
 FIRST = 1000
 """Tokens of the request a pause interrupts: long enough that it is still running when the
-pause reaches the engine on a busy machine (with 120 it had finished there: 'length', not 'abort')."""
+pause reaches the engine on a busy machine (with 120 it had finished there: 'length', not 'abort';
+with 80, the in-place pause found nothing to keep and the update flushed: 200, not 400)."""
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "rl_rollout.py"
 
 
@@ -117,7 +118,7 @@ def test_an_in_place_pause_keeps_the_cache_and_the_update_says_so(engine, thunde
 
     async def main() -> None:
         async with httpx.AsyncClient(timeout=300) as h:
-            run = asyncio.create_task(h.post(u + "/v1/chat/completions", json=chat("ip", 80)))
+            run = asyncio.create_task(h.post(u + "/v1/chat/completions", json=chat("ip", FIRST)))
             await running(engine)
             assert (await h.post(u + "/pause_generation", json={"mode": "in_place"})).status_code == 200
             r = await h.post(u + "/update_weights_from_disk", json={"model_path": str(engine.opts.model),
@@ -126,7 +127,7 @@ def test_an_in_place_pause_keeps_the_cache_and_the_update_says_so(engine, thunde
             assert (await h.get(u + "/programs/ip")).json()["kv_resets"] == 0  # the engine kept its KV
             assert (await h.post(u + "/continue_generation")).status_code == 200
             out = (await run).json()
-            assert out["usage"]["completion_tokens"] == 80
+            assert out["usage"]["completion_tokens"] == FIRST
             spans = out["metadata"]["weight_versions"]  # SGLang reports which tokens each version made
             assert spans[-1]["version"] == "step-2"
 
