@@ -113,6 +113,28 @@ def test_hbm_gate_holds_a_request_until_a_running_one_finishes():
     assert c.finish(ta, 2.0, Usage(1500, 100)) == [tb]
 
 
+def test_a_new_programs_output_is_sized_at_most_its_max_tokens_until_it_has_its_own():
+    """Before a program's first answer its output is the default (100 here), bounded by the
+    max_tokens its request asks: a burst of new programs asking 40 tokens each is admitted as
+    40, not 100. Once it has answered, its own output average counts, not the bound."""
+    c = make(hbm=2150)
+    ts = [Ticket(program_id=f"p{i}", prompt_chars=4000, max_output=40) for i in range(3)]
+    for t in ts:
+        assert c.submit(t, 0.0) is None
+    assert len(c.tick(0.0).dispatched) == 2           # 2 × (1000 + 40) ≤ 2150
+    c2 = make(hbm=2150)
+    us = [Ticket(program_id=f"p{i}", prompt_chars=4000) for i in range(3)]
+    for t in us:
+        c2.submit(t, 0.0)
+    assert len(c2.tick(0.0).dispatched) == 1           # 2 × (1000 + 100) > 2150
+    t = ts[0]
+    c.finish(t, 1.0, Usage(1000, 90))
+    p = c.programs.get("p0")
+    assert p.expected_output_tokens == 90.0
+    from thunder_sgl.scheduler.cost import cost_of
+    assert cost_of(p, 100.0).output == 90.0            # its own average, above the bound of 40
+
+
 def test_paper_variant_has_no_hbm_gate():
     cfg = RouterConfig(scheduler=SchedulerConfig(default_output_tokens=100))
     c = Controller(cfg, policy="thunder-paper")

@@ -126,6 +126,9 @@ class Controller:
                 code="program_busy",
             )
         t.program = p
+        cap = t.max_output or 0
+        if cap != p.output_cap:
+            p.output_cap = cap
         estimate = self._estimate(p, t)
         if p.state is ProgramState.ACTIVE and not self.windows.holding and self._gate_open(p, estimate):
             return self._dispatch(t, p, now, estimate)

@@ -35,6 +35,8 @@ class Ticket:
     """The group (RL task) the program is a sample of (``groups``), if the request names one."""
     group_chars: int = 0
     """Size of the task prompt the group's members share beyond the system prompt."""
+    max_output: int | None = None
+    """The request's bound on its output (``max_tokens``); None: not given."""
     created: float = 0.0
     backend: Backend | None = None
     """Set when dispatched."""

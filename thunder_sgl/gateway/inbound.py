@@ -43,6 +43,9 @@ class Inbound:
     group_chars: int = 0
     """Characters of the task prompt a group shares beyond the system prompt (chat: the first
     user message; 0 where unknown, then learned from the engine's cached tokens)."""
+    max_output: int | None = None
+    """The most tokens the request may generate (``max_completion_tokens`` or ``max_tokens``;
+    ``sampling_params.max_new_tokens`` on /generate); None when not given."""
 
 
 def check_program_id(value: Any, where: str, field: str = "program_id") -> str:
@@ -197,7 +200,20 @@ def parse_inbound(route: str, raw: bytes, headers: dict[str, str],
     else:  # pragma: no cover - routes are fixed
         raise ValueError(route)
     return Inbound(route, body, pid, stream, include_usage, chars, prompt_tokens, prefix_key, prefix_chars,
-                   gid, group_chars)
+                   gid, group_chars, _max_output(route, body))
+
+
+def _max_output(route: str, body: dict[str, Any]) -> int | None:
+    """The request's own bound on its output (validated by ``_check_common``; on /generate
+    a bad value is the engine's to refuse, so only a positive integer is read)."""
+    if route == "generate":
+        sp = body.get("sampling_params")
+        v = sp.get("max_new_tokens") if isinstance(sp, dict) else None
+    else:
+        v = body.get("max_completion_tokens")
+        if v is None:
+            v = body.get("max_tokens")
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
 
 def _prompt_size(prompt: Any, field: str) -> tuple[int, int | None, str]:

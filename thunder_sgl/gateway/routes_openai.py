@@ -79,7 +79,8 @@ class InferenceHandler:
                 rid = inbound.body["rid"] = self.new_rid()
             t = Ticket(inbound.program_id, prompt_chars=inbound.prompt_chars, prompt_tokens=inbound.prompt_tokens,
                        prefix_key=inbound.prefix_key, prefix_chars=inbound.prefix_chars,
-                       group_id=inbound.group_id, group_chars=inbound.group_chars, rid=rid)
+                       group_id=inbound.group_id, group_chars=inbound.group_chars, rid=rid,
+                       max_output=inbound.max_output)
             if t.program_id is None and route == "chat":
                 gw.infer(t, inbound.body["messages"])
             disconnected = partial(wait_disconnect, request)

@@ -54,7 +54,7 @@ class Usage:
 
 _set = object.__setattr__
 
-COST_INPUTS = frozenset({"context_tokens", "pending_prompt_tokens", "expected_output_tokens", "prefix_key",
+COST_INPUTS = frozenset({"context_tokens", "pending_prompt_tokens", "expected_output_tokens", "output_cap", "prefix_key",
                          "shared_prefix_tokens", "group", "group_key", "phase", "held"})
 """The fields a program's scheduling cost is computed from (``scheduler.cost``)."""
 
@@ -77,6 +77,9 @@ class Program:
     """Estimate of the prompt of the request(s) in flight or held (from body size)."""
     expected_output_tokens: float = 0.0
     """EMA of completion tokens per step (0: use the scheduler default)."""
+    output_cap: int = 0
+    """The output bound (``max_tokens``) of its latest request: before the program has an
+    output EMA, the default output is sized at most this (``scheduler.cost``); 0: none given."""
     prefix_key: str | None = None
     """Identity of the shared prefix (e.g. a hash of the system prompt)."""
     shared_prefix_tokens: int = 0

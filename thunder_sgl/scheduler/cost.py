@@ -10,6 +10,8 @@ For a program p (design.md, "Scheduling model")::
                                                               prompt its group shares (``groups``)
     private_p = c_p − s_p                                     its own KV
     hbm_p     = c_p + expected output                         the KV its request holds at the end
+                                                              (the output EMA; before any, the default
+                                                              at most the request's max_tokens)
     gated_p   = reasoning or held                             its KV counts in the HBM condition
 
 Each shared prefix — a system prompt (``prefix_key``), a group's task prompt (``group_key``) —
@@ -61,7 +63,14 @@ class ProgramCost(NamedTuple):
 
 
 def expected_output(p: Program, default_output: float) -> float:
-    return p.expected_output_tokens if p.expected_output_tokens > 0 else default_output
+    """The program's output EMA; before it has one, ``default_output`` bounded by its request's
+    ``max_tokens`` (``Program.output_cap``): a burst of new programs asking 128 tokens each is
+    not sized at the default 256. Once learned, the EMA alone (a bound is not an estimate)."""
+    eo = p.expected_output_tokens
+    if eo > 0:
+        return eo
+    cap = p.output_cap
+    return cap if 0 < cap < default_output else default_output
 
 
 _REASONING = Phase.REASONING
@@ -85,6 +94,9 @@ def program_cost(p: Program, default_output: float) -> ProgramCost:
     eo = p.expected_output_tokens
     if eo <= 0:
         eo = default_output
+        cap = p.output_cap
+        if 0 < cap < eo:
+            eo = cap
     # tuple.__new__: a named tuple built without its Python-level __new__.
     return _new(ProgramCost, (c, s, key, full, c - s, c + eo, p.phase is _REASONING or p.held > 0, gkey, gt, eo))
 
@@ -97,7 +109,8 @@ def cost_of(p: Program, default_output: float) -> ProgramCost:
     if pc is not None:
         g = p.group
         if (g is None or not pc[7] or pc[8] == g.prefix_tokens) and (
-                pc[9] == default_output or p.expected_output_tokens > 0):
+                p.expected_output_tokens > 0 or pc[9] == default_output
+                or 0 < p.output_cap < default_output and pc[9] == p.output_cap):
             return pc  # type: ignore[no-any-return]
     pc = program_cost(p, default_output)
     p.cost_cache = pc

@@ -94,3 +94,16 @@ def test_stream_include_usage_is_recorded():
     i = parse("chat", {**CHAT, "stream": True, "stream_options": {"include_usage": True}})
     assert i.stream and i.include_usage
     assert not parse("chat", {**CHAT, "stream": True}).include_usage
+
+
+def test_the_requests_own_output_bound_is_read():
+    """max_completion_tokens before max_tokens (chat), max_tokens (completions),
+    sampling_params.max_new_tokens (generate); absent or 0: no bound."""
+    assert parse("chat", {**CHAT, "max_tokens": 128}).max_output == 128
+    assert parse("chat", {**CHAT, "max_tokens": 128, "max_completion_tokens": 64}).max_output == 64
+    assert parse("chat", CHAT).max_output is None
+    assert parse("chat", {**CHAT, "max_tokens": 0}).max_output is None
+    assert parse("completions", {"prompt": "abc", "max_tokens": 16}).max_output == 16
+    g = parse("generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 32}})
+    assert g.max_output == 32
+    assert parse("generate", {"text": "x", "sampling_params": {"max_new_tokens": "lots"}}).max_output is None

@@ -209,12 +209,12 @@ def test_the_written_out_accounting_equals_the_cost_functions(s):
             assert math.isclose(in_flight_hbm(table.placed_on(b.key), out, exclude), want, rel_tol=1e-9, abs_tol=EPS)
 
 
-_MUTATIONS = ("start", "finish", "hold", "unhold", "group_learns", "prefix", "nothing")
+_MUTATIONS = ("start", "finish", "hold", "unhold", "group_learns", "prefix", "cap", "nothing")
 
 
 @SETTINGS
 @given(steps=st.lists(st.tuples(st.sampled_from(_MUTATIONS), st.integers(0, 20_000)), max_size=40),
-       default_out=st.sampled_from([64.0, 256.0]))
+       default_out=st.sampled_from([64.0, 256.0, 300.0]))
 def test_the_cached_cost_equals_a_fresh_one_after_every_change(steps, default_out):
     """``cost_of`` computes a program's cost again only when the program changed: whatever
     sequence of requests, holds, learned prefixes and group prompts, the cached cost equals one
@@ -242,6 +242,8 @@ def test_the_cached_cost_equals_a_fresh_one_after_every_change(steps, default_ou
             p.group.first_step(n, 0)
         elif kind == "prefix":
             p.prefix_key, p.shared_prefix_tokens = "sys", n % 4000
+        elif kind == "cap":
+            p.output_cap = n % 400  # a request's max_tokens, 0: none
         first = cost_of(p, default_out)
         assert first == program_cost(p, default_out)
         assert cost_of(p, default_out) is first

@@ -97,7 +97,8 @@ class ThunderRouter:
         spec = agent.spec
         t = Ticket(agent.pid, prompt_chars=CHARS_PER_TOKEN * prompt_tokens,
                    prefix_key=self.prefix_key, prefix_chars=self.prefix_chars, group_id=spec.group_id,
-                   group_chars=CHARS_PER_TOKEN * spec.instance_tokens if spec.group_id else 0)
+                   group_chars=CHARS_PER_TOKEN * spec.instance_tokens if spec.group_id else 0,
+                   max_output=spec.steps[agent.step].output_tokens)  # the http driver's max_tokens
         t.waiter = agent
         try:
             b = self.ctl.submit(t, now)
