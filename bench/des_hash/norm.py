@@ -3,7 +3,8 @@ import hashlib
 import json
 import sys
 
-DROP = {"command", "out", "profile", "started", "ended", "wall_s", "host", "python", "git", "commit"}
+DROP = {"command", "out", "profile", "started", "ended", "wall_s", "host", "python", "git", "commit",
+        "window_check"}  # window_check: added after the first baselines; a function of fields kept
 def clean(x):
     if isinstance(x, dict):
         return {k: clean(v) for k, v in x.items() if k not in DROP and "wall" not in k}

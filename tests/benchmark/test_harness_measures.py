@@ -13,6 +13,7 @@ from thunder_sgl.benchmark.measures.derived import (
     parse_counter,
     parse_histogram,
     recompute_tokens,
+    window_check,
 )
 from thunder_sgl.benchmark.measures.stats import StepRecord
 
@@ -105,3 +106,16 @@ def test_parse_counter_accepts_total_suffix():
 def test_overhead_per_request():
     assert overhead_per_request(10.0, 5, 6.0, 3.0) == pytest.approx(0.2)
     assert overhead_per_request(1.0, 0, 0.0) == 0.0
+
+
+@pytest.mark.parametrize(("steps", "n", "ended", "flags"), [
+    (300, 60, 60, ()),                         # 5 steps each, one lifetime warmed: steady
+    (97, 60, 0, ("TRANSIENT", "COARSE")),      # the first three waves of a fresh burst
+    (300, 60, 10, ("TRANSIENT",)),
+    (120, 60, 60, ("COARSE",)),
+    (0, 0, 0, ("TRANSIENT", "COARSE")),        # no programs: no division by zero
+])
+def test_window_check_names_what_keeps_a_window_from_the_steady_state(steps, n, ended, flags):
+    c = window_check(steps, n, ended)
+    assert tuple(k for k in ("TRANSIENT", "COARSE") if k + ":" in c["warning"]) == flags
+    assert c["steps_per_program"] == round(steps / max(1, n), 2)

@@ -167,9 +167,16 @@ def run_grid(base: Any, cells: Iterable[Cell], repeats: int, pool: int, run: Run
                 rows.append({"cell": cell.name, "share": cell.share, "tool_s": cell.tool_s, "output": cell.output,
                              "multiple": cell.multiple, "programs": n, "repeat": rep + 1, "router": r.router,
                              "steps_per_min": r.steps_per_min, "kv_hit_rate": r.kv_hit_rate,
-                             "failed": bool(r.errors.get("failed")), "admission": admission_of(r.notes)})
+                             "failed": bool(r.errors.get("failed")), "admission": admission_of(r.notes),
+                             "window": window_flag(r.window_check)})
             write_grid(root, rows, f"{base.mode} mode, {base.nodes} × {base.cluster_name}")
     return root
+
+
+def window_flag(check: dict[str, Any]) -> str:
+    """'transient', 'coarse', both ('transient+coarse'), or '' (``measures.derived.window_check``)."""
+    w = check.get("warning") or ""
+    return "+".join(k.lower() for k in ("TRANSIENT", "COARSE") if k + ":" in w)
 
 
 def admission_of(notes: str) -> str:
@@ -200,6 +207,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "ratio_fixed": th / mean["thunder-fixed"] if mean.get("thunder-fixed") else None,
             "admission": [r["admission"] for r in mine if r["router"] == "thunder" and r["admission"]],
             "repeats": max((r["repeat"] for r in mine), default=0),
+            "window": "+".join(sorted({f for r in mine for f in (r.get("window") or "").split("+") if f})),
         })
     return out
 
@@ -216,25 +224,33 @@ def write_grid(root: Path, rows: list[dict[str, Any]], title: str) -> None:
         "request-level routers in the sweep (direct, sglang_router and smg cache_aware); ×fixed = thunder ÷ "
         "thunder-fixed; admission = what thunder's goodput rule held at the end of each repeat "
         "(level L of the grid of levels, n programs, k protected). Cell: mean context as % of one pool, "
-        "median tool seconds, output tokens, N as a multiple of what the pools hold.", "",
-        "| cell | N | " + " | ".join(routers) + " | best stock | ×best | ×fixed | admission |",
-        "|---|---:|" + "---:|" * len(routers) + "---|---:|---:|---|",
+        "median tool seconds, output tokens, N as a multiple of what the pools hold. window = whether any "
+        "run of the cell missed the steady state (`measures.derived.window_check`): transient = fewer than "
+        "half the programs had ended before the window (contexts still small), coarse = fewer than 3 steps "
+        "per program counted (steps end in waves); such a cell's ratio is not a steady-state result.", "",
+        "| cell | N | " + " | ".join(routers) + " | best stock | ×best | ×fixed | window | admission |",
+        "|---|---:|" + "---:|" * len(routers) + "---|---:|---:|---|---|",
     ]
     for s in summary:
         cells = [f"{s['mean'][r]:.1f} ± {s['spread'][r]:.1f}" if r in s["mean"] else "–" for r in routers]
         ratio = f"{s['ratio']:.2f}" if s["ratio"] is not None else "–"
         rf = f"{s['ratio_fixed']:.2f}" if s["ratio_fixed"] is not None else "–"
         lines.append(f"| {s['cell']} | {s['programs']} | " + " | ".join(cells)
-                     + f" | {s['best_stock']} | {ratio} | {rf} | {'; '.join(s['admission'])} |")
+                     + f" | {s['best_stock']} | {ratio} | {rf} | {s.get('window') or 'ok'} | {'; '.join(s['admission'])} |")
     ratios = [s["ratio"] for s in summary if s["ratio"] is not None]
     if ratios:
         lines += ["", f"thunder ÷ best stock: min {min(ratios):.2f}, median {statistics.median(ratios):.2f}, "
                       f"max {max(ratios):.2f} over {len(ratios)} cells; cells below 0.97: "
                       + (", ".join(s["cell"] for s in summary if s["ratio"] is not None and s["ratio"] < 0.97) or "none")]
+        steady = [s for s in summary if s["ratio"] is not None and not s.get("window")]
+        if len(steady) < len(ratios):
+            lines += ["", "Steady-state cells only (window ok): " + (
+                f"min {min(s['ratio'] for s in steady):.2f}, median {statistics.median(s['ratio'] for s in steady):.2f} "
+                f"over {len(steady)} cells" if steady else "none")]
     (root / "grid.md").write_text("\n".join(lines) + "\n")
     (root / "grid.json").write_text(json.dumps({"rows": rows, "summary": summary}, indent=1, default=str))
-    keys = ["cell", "programs", "repeat", "router", "steps_per_min", "kv_hit_rate", "failed", "admission"]
-    (root / "grid.csv").write_text("\n".join([",".join(keys)] + [",".join(str(r[k]) for k in keys) for r in rows]) + "\n")
+    keys = ["cell", "programs", "repeat", "router", "steps_per_min", "kv_hit_rate", "failed", "admission", "window"]
+    (root / "grid.csv").write_text("\n".join([",".join(keys)] + [",".join(str(r.get(k, "")) for k in keys) for r in rows]) + "\n")
 
 
 def merge(parts: list[Path], out: Path, title: str) -> Path:

@@ -34,6 +34,7 @@ from thunder_sgl.benchmark.des.baselines import BASELINES, make_baseline
 from thunder_sgl.benchmark.des.measure import Recorder
 from thunder_sgl.benchmark.des.route import Dispatch, Refused, StockRouter, ThunderRouter
 from thunder_sgl.benchmark.des.tokens import ProgramTokens, TokenLayout
+from thunder_sgl.benchmark.measures.derived import window_check
 from thunder_sgl.benchmark.measures.ideal import ideal_steps_per_min
 from thunder_sgl.benchmark.reports.results import ALL_ROUTERS, RunResult
 from thunder_sgl.benchmark.workloads.profile import (
@@ -399,6 +400,8 @@ class DesRun:
             adm = summarize_admission([b.admission.view() for b in ctl.backend_list() if b.admission is not None])
             if adm:
                 notes += f" admission={adm}"
+        ended = sum(1 for _, e, o in self.rec.programs if o == "completed" and e < self.rec.warmup_s)
+        check = window_check(int(s["steps_completed"]), self.programs, ended)
         return RunResult(
             engine_busy=where.get("gpu_busy", 0.0),
             router=self.router_name, mode="des", programs=self.programs, nodes=self.nodes, cluster=self.cfg.name,
@@ -414,6 +417,7 @@ class DesRun:
             steps_completed=int(s["steps_completed"]),
             ideal_steps_per_min=ideal_steps_per_min(self.cfg, self.nodes, prof, self.programs),
             wall_s=self.wall_s, errors=dict(self.rec.errors), memory=list(self.rec.memory), notes=notes,
+            window_check=check,
         )
 
 

@@ -45,6 +45,7 @@ from thunder_sgl.benchmark.measures.derived import (
     parse_histogram,
     recompute_tokens,
     timing_model_check,
+    window_check,
 )
 from thunder_sgl.benchmark.measures.stats import WorkloadResult
 from thunder_sgl.benchmark.reports.results import DIRECT, THUNDER_INFERRED, RunResult
@@ -345,6 +346,8 @@ def _fill(r: RunResult, plan: RunPlan, work: WorkloadResult, warm: _Scrape, end:
               "step_latency_p99_s"):
         setattr(r, k, s[k] or 0.0)
     r.errors = dict(s["errors"])
+    ended = sum(1 for p in work.programs if p.outcome == "completed" and p.end_s is not None and p.end_s < work.warmup_s)
+    r.window_check = window_check(r.steps_completed, plan.programs, ended)
     r.recompute_tokens = recompute_tokens(work.steps, work.warmup_s, work.wall_s)
     r.node_imbalance_mean, r.node_imbalance_max = imbalance(samples, plan.warmup_s)
     r.engine_busy = engine_busy(warm.loads, end.loads, (end.wall - warm.wall) * scale)

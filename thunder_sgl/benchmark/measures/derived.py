@@ -6,6 +6,7 @@
   ``thunder_held_wait_seconds``, the workers' ``sglang:e2e_request_latency_seconds``) from
   exposition text, differences between two scrapes and interpolated quantiles.
 - ``parse_counter``: the sum of one counter or gauge over its label sets.
+- ``window_check``: whether a run's window measured the steady state (every mode).
 
 No I/O here: the sampler and the harness fetch, these functions compute. Exposition text is
 read by the router's own parser (``backends.parse.parse_prometheus``).
@@ -189,3 +190,30 @@ def timing_model_check(config: str, calls: Sequence[StepRecord], breakdown: dict
            + dec_kv * r.kv_cost)
     return {"prefill_model_s": pre, "prefill_s": breakdown["prefill_s"], "decode_model_s": dec,
             "decode_s": breakdown["decode_s"]}
+
+
+MIN_STEPS_PER_PROGRAM = 3.0
+"""Below this many counted steps per program in the window, steps/min counts waves: programs
+that started together finish their steps together (a decode batch ends as one), and whether a
+wave falls just inside or just outside the window swings the count by a whole wave."""
+MIN_LIFETIMES_BEFORE = 0.5
+"""Below this many program lifetimes ended before the window (programs that completed during
+the warm-up ÷ N), the window still holds the first programs in their first steps: contexts far
+below their steady mean, so the pool holds more of them than it will."""
+
+
+def window_check(steps_completed: int, programs: int, ended_before: int) -> dict[str, Any]:
+    """Whether a run's window measures the steady state: ``steps_per_program`` (counted steps
+    ÷ N), ``lifetimes_before`` (programs completed before the window ÷ N) and a ``warning``
+    naming what fails ('' when both hold). Judged per run, by the same rule in every mode."""
+    n = max(1, programs)
+    spp, life = steps_completed / n, ended_before / n
+    why = []
+    if life < MIN_LIFETIMES_BEFORE:
+        why.append(f"TRANSIENT: {ended_before} of {programs} programs had ended before the window "
+                   f"(< {MIN_LIFETIMES_BEFORE:g} lifetimes): the first programs are still in their first "
+                   "steps, contexts below their steady mean; lengthen --warmup")
+    if spp < MIN_STEPS_PER_PROGRAM:
+        why.append(f"COARSE: {spp:.1f} steps per program in the window (< {MIN_STEPS_PER_PROGRAM:g}): "
+                   "steps end in waves and the count swings by a wave; lengthen --duration")
+    return {"steps_per_program": round(spp, 2), "lifetimes_before": round(life, 2), "warning": "; ".join(why)}

@@ -79,6 +79,9 @@ class RunResult:
     memory: list[tuple[float, list[float]]] = field(default_factory=list)
     """(time, per-node HBM used/capacity) samples, for the per-node memory plot."""
     notes: str = ""
+    window_check: dict[str, Any] = field(default_factory=dict)
+    """Whether the window measured the steady state (``measures.derived.window_check``):
+    steps per program counted, program lifetimes ended before it, a warning ('' when fine)."""
     rollout: dict[str, Any] = field(default_factory=dict)
     """Rollout runs (``rollout.spec``): mode, windows, requests lost, per batch (sync) or per
     group (async) measures; empty for the closed-loop benchmark."""

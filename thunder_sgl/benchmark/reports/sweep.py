@@ -128,6 +128,11 @@ def markdown(results: Sequence[RunResult], meta: dict[str, Any] | None = None) -
         lines += [", ".join(info), ""]
         for n in sorted({r.programs for r in runs}):
             lines += _table(n, [r for r in runs if r.programs == n]) + [""]
+        warned = [r for r in runs if r.window_check.get("warning")]
+        if warned:
+            lines += ["**Window** (steps/min there is not the steady state: `measures.derived.window_check`):", ""]
+            lines += [f"- {r.router} N={r.programs}: {r.window_check['warning']}" for r in warned]
+            lines.append("")
         notes = [r for r in runs if r.notes]
         if notes:
             lines += ["Notes:", ""]
