@@ -8,6 +8,9 @@ queueing, retraction) and ``/metrics`` (HiCache host-tier gauges). A poll that f
 towards ``failure_threshold``; past it the worker is unhealthy, and its backends count as full
 (the scheduler sends their idle programs back to the global queue). ``success_threshold`` good
 polls bring it back. A connection refused on the request path marks it unhealthy at once.
+A worker whose weight update through the router failed is out of routing too, whatever its
+health, until it reports the version expected (``Backend.weights_pending``, read with the
+weight version every ``version_poll_seconds``); ``GET /workers`` shows it per worker.
 """
 
 from __future__ import annotations

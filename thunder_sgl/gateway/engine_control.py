@@ -7,9 +7,23 @@ windows (``thunder_sgl.control.windows``).
   engines' business by mode: ``abort`` answers them (finish reason ``abort``, usage of what
   was generated — the router finishes their programs as usual), ``in_place`` keeps them
   frozen with their KV, ``retract`` releases their KV and prefills them again afterwards.
-- ``update_weights``: every registered worker, inside a window (opened for the call if none
-  is). Where the update succeeded and the cache was flushed, every program's KV is gone: the
-  controller resets their accounting (``Controller.reset_kv``) and the queue refills them.
+- ``update_weights`` (from disk) and ``update_distributed``: every registered worker;
+  ``update_tensor``: the one worker named by the ``worker`` query parameter (``worker``: its
+  index in ``GET /workers``, URL or id). Each inside a window (opened for the call if none
+  is). Where the update succeeded the new version is known, and where the cache was flushed
+  every program's KV is gone: the controller resets their accounting (``Controller.reset_kv``)
+  and the queue refills them. Where it failed, the worker is kept out of routing
+  (``Backend.weights_pending``: like an unhealthy worker, nothing new goes there and its idle
+  programs migrate) until it reports the version the update named or a later update through
+  the router succeeds on it — unless every registered worker refused the call alike with a
+  4xx (a bad request that changed nothing anywhere).
+- ``init_group``: ``/init_weights_update_group`` on every registered worker, each with its own
+  ``rank_offset``: the body's for the first (in ``GET /workers`` order), then each after the TP
+  ranks of the workers before it (their ``/server_info`` ``tp_size``); a ``world_size`` too
+  small for those ranks is a 400 before any worker is called. ``destroy_group`` broadcasts.
+- ``get_version`` (each worker's ``/model_info`` version; SGLang 0.5.23 has no
+  ``/get_weight_version``), ``update_version`` (a label, no new weights), ``load_lora`` /
+  ``unload_lora``: every registered worker, no window.
 - ``abort``: a ``rid`` goes to the one worker that holds it (``Gateway.rids``), or is
   withdrawn if the router still holds it; ``abort_all`` reaches every worker and every held
   request. An unknown rid is a 404.
