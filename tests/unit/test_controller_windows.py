@@ -164,3 +164,27 @@ def test_stateless_requests_held_by_a_window_wait_for_a_backend():
         b.healthy = True
     assert c.tick(2.0).dispatched == [t]
     assert c.cancel(t) is False  # dispatched: no longer held
+
+
+def test_a_worker_whose_update_failed_is_out_of_routing_until_it_reports_the_expected_version():
+    """``Backend.weights_pending``: its idle program and held request move to the other
+    backend (as from an unhealthy one); the backend comes back on the expected version only."""
+    from thunder_sgl.backends.backend import PendingWeights
+
+    c = make(n=2)
+    step(c, "a", 1000, 100, 0.0)
+    b = c.backends[c.programs.get("a").backend]
+    other = next(x for x in c.backend_list() if x is not b)
+    b.weight_version = "v0"
+    c.windows.hold(Reason.UPDATING, 1.0)
+    b.weights_pending = PendingWeights("v1", "v0", 1.0, "/update_weights_from_distributed", "no group")
+    t = ticket("a", 1200)
+    assert c.submit(t, 2.0) is None  # held by the window
+    c.windows.release(Reason.UPDATING, 3.0)
+    assert c.tick(3.0).paused == [c.programs.get("a")]  # evacuated, as from an unhealthy backend
+    assert t in c.tick(3.2).dispatched and t.backend is other  # and placed on the other one
+    assert not b.available(3.0, 10.0) and c.submit(ticket(None, 10), 3.5) is other
+    assert c.weight_version_seen(b, "v0", 4.0) == [] and b.weights_pending is not None  # the old weights
+    c.weight_version_seen(b, "v1", 5.0)
+    assert b.weights_pending is None and b.available(5.0, 10.0) and b.weight_version == "v1"
+    assert PendingWeights(None, "v0", 0.0, "x", "").met_by("v2") and not PendingWeights(None, "v0", 0.0, "x", "").met_by("v0")

@@ -2,8 +2,9 @@
 
 A backend has tier capacities in tokens — HBM (``max_total_num_tokens`` of the rank), HiCache
 host memory and storage — reload bandwidths, live usage from the engine (``/v1/loads`` and
-``/metrics``), health and the time of its last good reading. Stale readings and failing health
-make the backend *unavailable*: it counts as full and nothing is placed on it.
+``/metrics``), health and the time of its last good reading. Stale readings, failing health and
+a failed weight update (``weights_pending``) make the backend *unavailable*: it counts as full
+and nothing is placed on it.
 
 Pool size across tiers. With HiCache's default ``write_through`` policy every block on the
 device is also written to host memory, so the host tier is *inclusive*: the distinct tokens a
@@ -16,7 +17,7 @@ would let the scheduler overcommit by a whole HBM's worth of tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from thunder_sgl.backends.parse import RankLoad
@@ -184,6 +185,28 @@ class Served:
         return self.occupied_s + (now - self.busy_since if self.busy_since is not None else 0.0)
 
 
+@dataclass(frozen=True, slots=True)
+class PendingWeights:
+    """A weight update through the router failed on this backend's worker: the worker is kept
+    out of routing until it reports ``expected`` (its weight version; read from answers and
+    ``/model_info``) or a later update through the router succeeds on it. With no version
+    named (``expected`` None), any version other than ``previous`` brings it back."""
+
+    expected: str | None
+    previous: str | None
+    since: float
+    call: str
+    """The route that failed (``/update_weights_from_distributed``…)."""
+    message: str
+
+    def met_by(self, version: str) -> bool:
+        return version == self.expected if self.expected is not None else version != self.previous
+
+    def describe(self) -> dict[str, Any]:
+        return {"expected_version": self.expected, "previous_version": self.previous, "call": self.call,
+                "message": self.message}
+
+
 @dataclass(slots=True, eq=False)
 class Backend:
     """One scheduling target: a (worker, dp_rank) with its tiers, live numbers and health."""
@@ -209,6 +232,9 @@ class Backend:
     weight_version: str | None = None
     """The engine's weight version as last seen (in an answer, or ``/model_info``); None until
     then, and after an update through the router that named none."""
+    weights_pending: PendingWeights | None = None
+    """Set while the worker's last weight update through the router failed: not available
+    (routed to like an unhealthy worker: nothing new placed, idle programs migrate)."""
     admission: AdmissionLevel | None = None
     """The admission rule's state for this backend (``scheduler.goodput.AdmissionState``, or
     ``scheduler.occupancy.OccupancyState``; None until its first update). Written only from the
@@ -237,8 +263,9 @@ class Backend:
         return self.live.updated_at is None or now - self.live.updated_at > stale_after
 
     def available(self, now: float, stale_after: float) -> bool:
-        """Healthy, fresh and not draining: may receive programs and requests."""
-        return self.healthy and not self.draining and not self.stale(now, stale_after)
+        """Healthy, fresh, not draining and not waiting for weights (``weights_pending``): may
+        receive programs and requests."""
+        return self.healthy and not self.draining and self.weights_pending is None and not self.stale(now, stale_after)
 
     def under_pressure(self, waiting_threshold: int) -> bool:
         """The engine itself reports queueing or retraction, whatever our accounting says."""

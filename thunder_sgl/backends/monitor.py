@@ -8,6 +8,9 @@ queueing, retraction) and ``/metrics`` (HiCache host-tier gauges). A poll that f
 towards ``failure_threshold``; past it the worker is unhealthy, and its backends count as full
 (the scheduler sends their idle programs back to the global queue). ``success_threshold`` good
 polls bring it back. A connection refused on the request path marks it unhealthy at once.
+A worker whose weight update through the router failed is out of routing too, whatever its
+health, until it reports the version expected (``Backend.weights_pending``, read with the
+weight version every ``version_poll_seconds``); ``GET /workers`` shows it per worker.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from thunder_sgl.backends.backend import Backend
+from thunder_sgl.backends.backend import Backend, PendingWeights
 from thunder_sgl.backends.parse import (
     ParseError,
     WorkerInfo,
@@ -56,6 +59,11 @@ class Worker:
     task: asyncio.Task[None] | None = None
 
     @property
+    def weights_pending(self) -> PendingWeights | None:
+        """Set while a failed weight update keeps this worker out of routing (``Backend.weights_pending``)."""
+        return next((b.weights_pending for b in self.backends if b.weights_pending is not None), None)
+
+    @property
     def model_id(self) -> str:
         return self.info.model_path if self.info else "unknown"
 
@@ -78,6 +86,9 @@ class Worker:
             },
             "registered": self.registered,
             "last_error": self.last_error,
+            "tp_size": self.info.tp_size if self.info else None,
+            "weights_pending": pending.describe() if (pending := self.weights_pending) is not None else None,
+            "routable": self.registered and self.healthy and pending is None,
             "backends": [
                 {
                     "key": b.key,

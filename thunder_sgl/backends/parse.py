@@ -34,6 +34,8 @@ class WorkerInfo:
     """``--enable-session-radix-cache``: requests with a ``session_id`` reference their KV,
     eviction takes unreferenced KV first, ``/close_session`` dereferences it."""
     version: str = ""
+    tp_size: int = 1
+    """GPUs of one engine in a weight update group: its TP rank r joins as ``rank_offset + r``."""
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def tiers(self) -> Tiers:
@@ -92,6 +94,7 @@ def parse_server_info(data: Any) -> WorkerInfo:
         kv_bytes_per_token=int(_num(data, "kv_bytes_per_token", default=0.0)),
         session_radix_cache=bool(data.get("enable_session_radix_cache")),
         version=str(data.get("version") or ""),
+        tp_size=int(_num(data, "tp_size", default=1)) or 1,
         raw=data,
     )
 

@@ -166,11 +166,20 @@ class Controller:
         A version other than the one last seen means the weights changed behind the router
         (a framework updating the engines directly): the engine flushed its cache with them,
         so its programs' KV accounting is reset as after an update through the router
-        (``reset_kv``). Returns the programs sent back to the queue."""
+        (``reset_kv``). A worker kept out of routing after a failed update
+        (``Backend.weights_pending``) comes back when it reports the version expected.
+        Returns the programs sent back to the queue."""
         old = b.weight_version
+        ranks = [x for x in self.backends.values() if x.worker_url == b.worker_url]
+        pending = b.weights_pending
+        if pending is not None and pending.met_by(version):  # a failed update's worker caught up
+            for x in ranks:
+                x.weights_pending = None
+            self._kick = True
+            log.warning("worker %s reports weights %r after its failed %s: back in routing", b.worker_url, version,
+                        pending.call)
         if old == version:
             return []
-        ranks = [x for x in self.backends.values() if x.worker_url == b.worker_url]
         for x in ranks:
             x.weight_version = version
         if old is None or self.windows.has(Reason.UPDATING):

@@ -16,7 +16,8 @@ frameworks compose into one window:
 - ``paused``: ``/pause_generation`` … ``/continue_generation`` sent through the router;
 - ``released``: ``/release_memory_occupation`` … ``/resume_memory_occupation`` (a colocated
   trainer has the GPU);
-- ``updating``: an ``/update_weights_from_disk`` call in progress.
+- ``updating``: a weight update call in progress (``/update_weights_from_disk``,
+  ``/update_weights_from_distributed``, ``/update_weights_from_tensor``).
 
 Misuse is refused, the state untouched: ``begin`` while ``weight_sync`` holds, ``end`` without
 it, and a second weight update while one runs (``WindowConflict``, a 409). Pause, continue,

@@ -7,9 +7,23 @@ windows (``thunder_sgl.control.windows``).
   engines' business by mode: ``abort`` answers them (finish reason ``abort``, usage of what
   was generated — the router finishes their programs as usual), ``in_place`` keeps them
   frozen with their KV, ``retract`` releases their KV and prefills them again afterwards.
-- ``update_weights``: every registered worker, inside a window (opened for the call if none
-  is). Where the update succeeded and the cache was flushed, every program's KV is gone: the
-  controller resets their accounting (``Controller.reset_kv``) and the queue refills them.
+- ``update_weights`` (from disk) and ``update_distributed``: every registered worker;
+  ``update_tensor``: the one worker named by the ``worker`` query parameter (``worker``: its
+  index in ``GET /workers``, URL or id). Each inside a window (opened for the call if none
+  is). Where the update succeeded the new version is known, and where the cache was flushed
+  every program's KV is gone: the controller resets their accounting (``Controller.reset_kv``)
+  and the queue refills them. Where it failed, the worker is kept out of routing
+  (``Backend.weights_pending``: like an unhealthy worker, nothing new goes there and its idle
+  programs migrate) until it reports the version the update named or a later update through
+  the router succeeds on it — unless every registered worker refused the call alike with a
+  4xx (a bad request that changed nothing anywhere).
+- ``init_group``: ``/init_weights_update_group`` on every registered worker, each with its own
+  ``rank_offset``: the body's for the first (in ``GET /workers`` order), then each after the TP
+  ranks of the workers before it (their ``/server_info`` ``tp_size``); a ``world_size`` too
+  small for those ranks is a 400 before any worker is called. ``destroy_group`` broadcasts.
+- ``get_version`` (each worker's ``/model_info`` version; SGLang 0.5.23 has no
+  ``/get_weight_version``), ``update_version`` (a label, no new weights), ``load_lora`` /
+  ``unload_lora``: every registered worker, no window.
 - ``abort``: a ``rid`` goes to the one worker that holds it (``Gateway.rids``), or is
   withdrawn if the router still holds it; ``abort_all`` reaches every worker and every held
   request. An unknown rid is a 404.
@@ -30,8 +44,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from thunder_sgl.backends.backend import Backend, PendingWeights
+from thunder_sgl.backends.monitor import Worker
 from thunder_sgl.control.windows import Closed, Reason, WindowConflict
-from thunder_sgl.errors import Conflict, NoBackend, NotFound, openai_error_body
+from thunder_sgl.errors import BadRequest, Conflict, NoBackend, NotFound, openai_error_body
 from thunder_sgl.gateway import engine_bodies as B
 from thunder_sgl.gateway.runtime import Gateway
 from thunder_sgl.gateway.workers_client import FanOut, WorkerReply
@@ -84,28 +100,163 @@ class EngineControl:
 
     # ---- weights --------------------------------------------------------------------------
     async def update_weights(self, body: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        """``/update_weights_from_disk`` on every worker."""
         upd = B.weight_update(body)
-        urls = self._targets()
+        out, fan = await self._update("/update_weights_from_disk", body, upd, self._targets())
+        paused = [r.body.get("num_paused_requests", 0) for r in fan.replies if isinstance(r.body, dict)]
+        return {**out, "num_paused_requests": sum(x for x in paused if isinstance(x, int))}, fan.status()
+
+    async def update_distributed(self, body: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        """``/update_weights_from_distributed`` on every worker (each receives the trainer's
+        broadcast in the group made by ``init_group``)."""
+        upd = B.distributed_update(body)
+        out, fan = await self._update("/update_weights_from_distributed", body, upd, self._targets())
+        return out, fan.status()
+
+    async def update_tensor(self, body: dict[str, Any], ref: str) -> tuple[dict[str, Any], int]:
+        """``/update_weights_from_tensor`` on the one worker ``ref`` names (its payloads are
+        that engine's: CUDA IPC handles of tensors on the trainer's GPUs)."""
+        upd = B.tensor_update(body)
+        out, fan = await self._update("/update_weights_from_tensor", body, upd, [self.worker(ref)])
+        return out, fan.status()
+
+    async def _update(self, path: str, body: dict[str, Any], upd: B.WeightUpdate,
+                      urls: list[str]) -> tuple[dict[str, Any], FanOut]:
+        """A weight update on ``urls`` inside a window (opened for the call if none is). Where
+        it succeeded the new version is known and, flushed, the programs' KV accounting reset;
+        where it failed the worker is kept out of routing (``_hold_out``)."""
         self.windows.hold(Reason.UPDATING, self.gw.clock())
         fan = FanOut(())
+        done: list[str] = []
         try:
-            fan = await self.gw.workers.fan_out(urls, "POST", "/update_weights_from_disk", body)
+            fan = await self.gw.workers.fan_out(urls, "POST", path, body)
         finally:
             now = self.gw.clock()
             done = [r.worker for r in fan.replies if r.ok and _success(r)]
             if done:
                 self.windows.weights_updated(upd.weight_version)
-                self._versions(done, upd.weight_version)
+                self._versions(done, upd.weight_version, weights=True)
                 if upd.flush_cache:
                     self._reset(done, now)
+            self._hold_out(path, fan, done, upd.weight_version, now)
             self._closed(self.windows.release(Reason.UPDATING, now))
-        paused = [r.body.get("num_paused_requests", 0) for r in fan.replies if isinstance(r.body, dict)]
         out = {"success": fan.all_ok and len(done) == len(fan.replies),
                "message": " | ".join(f"{r.worker}: {r.message}" for r in fan.replies),
-               "num_paused_requests": sum(x for x in paused if isinstance(x, int)),
                "weight_version": self.windows.weight_version,
                "workers_updated": len(done), "total_workers": len(fan.replies),
+               "out_of_routing": self._pending(),
                "workers": fan.describe(), "window": self.windows.describe(self.gw.clock())}
+        return out, fan
+
+    def _hold_out(self, path: str, fan: FanOut, done: list[str], version: str | None, now: float) -> None:
+        """Keep the workers where ``path`` failed out of routing until they report ``version``
+        (``Backend.weights_pending``): their weights are not the trainer's. Not when every
+        registered worker refused the call alike with a 4xx — a bad request that changed
+        nothing anywhere: the cluster stays on its old weights together."""
+        failed = [r for r in fan.replies if r.worker not in done]
+        if not failed:
+            return
+        status = fan.status()
+        if not done and 400 <= status < 500 and {r.worker for r in fan.replies} >= set(self._registered()):
+            log.warning("%s refused alike by every worker (%d): no worker kept out of routing", path, status)
+            return
+        for r in failed:
+            for b in self._backends([r.worker]):
+                b.weights_pending = PendingWeights(version, b.weight_version, now, path, r.message)
+            log.error("%s failed on %s (%s): kept out of routing until it reports weights %s", path, r.worker,
+                      r.message, repr(version) if version is not None else "other than its current ones")
+        self.gw.kick()
+
+    def _pending(self) -> dict[str, Any]:
+        """Worker URL → the version each worker kept out of routing waits for."""
+        assert self.gw.monitor is not None
+        return {w.url: p.expected for w in self.gw.monitor.workers.values() if (p := w.weights_pending) is not None}
+
+    # ---- weight update groups (NCCL broadcast from the trainer) -------------------------
+    async def init_group(self, body: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        """``/init_weights_update_group`` on every worker, each with its own ``rank_offset``:
+        the body's for the first worker, then each worker's after the TP ranks of those before
+        it (SGLang joins TP rank r of an engine as ``rank_offset + r``)."""
+        g = B.init_group(body)
+        workers = self._registered_workers()
+        offsets, tp, nxt = {}, {}, g.rank_offset
+        for w in workers:
+            offsets[w.url], tp[w.url] = nxt, w.info.tp_size if w.info else 1
+            nxt += tp[w.url]
+        if nxt > g.world_size:
+            raise BadRequest(f"world_size {g.world_size} is too small: the {len(workers)} registered engine(s) "
+                             f"(TP sizes {list(tp.values())}) take ranks {g.rank_offset}..{nxt - 1}, so world_size "
+                             f"must be at least {nxt}", param="world_size", code="world_size_too_small")
+        bodies = {u: {**body, "rank_offset": o} for u, o in offsets.items()}
+        fan = await self.gw.workers.fan_out(list(offsets), "POST", "/init_weights_update_group", bodies=bodies)
+        out = {**self._summary(fan, "Weight update group initialized on every worker."),
+               "success": fan.all_ok and all(_success(r) for r in fan.replies),
+               "rank_offsets": offsets, "tp_sizes": tp, "ranks_used": nxt, "world_size": g.world_size}
+        return out, fan.status()
+
+    async def destroy_group(self, body: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        B.destroy_group(body)
+        fan = await self.gw.workers.fan_out(self._targets(), "POST", "/destroy_weights_update_group", body)
+        out = {**self._summary(fan, "Weight update group destroyed on every worker."),
+               "success": fan.all_ok and all(_success(r) for r in fan.replies)}
+        return out, fan.status()
+
+    # ---- versions and adapters ------------------------------------------------------------
+    async def get_version(self) -> tuple[dict[str, Any], int]:
+        """Every worker's weight version, read from its ``/model_info`` (SGLang 0.5.23 has no
+        ``/get_weight_version``). What is read counts as seen (``Controller.weight_version_seen``)."""
+        fan = await self.gw.workers.fan_out(self._targets(), "GET", "/model_info", None, ABORT_TIMEOUT_S)
+        versions: dict[str, str | None] = {}
+        for r in fan.replies:
+            v = r.body.get("weight_version") if r.ok and isinstance(r.body, dict) else None
+            versions[r.worker] = v if isinstance(v, str) else None
+            if isinstance(v, str) and v and self.gw.monitor is not None:
+                w = self.gw.monitor.find(r.worker)
+                if w is not None:
+                    self.gw._on_worker_version(w, v)
+        seen = set(versions.values())
+        out = {**self._summary(fan, "Weight version of every worker."),
+               "weight_version": next(iter(seen)) if len(seen) == 1 else None, "consistent": len(seen) == 1,
+               "versions": versions, "out_of_routing": self._pending()}
+        return out, fan.status()
+
+    async def update_version(self, body: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        """``/update_weight_version`` (a new label, no new weights) on every worker."""
+        version = B.version_update(body)
+        fan = await self.gw.workers.fan_out(self._targets(), "POST", "/update_weight_version", body)
+        done = [r.worker for r in fan.replies if r.ok and _success(r)]
+        self._versions(done, version, weights=False)
+        if done:
+            self.windows.weight_version = version
+        out = {**self._summary(fan, f"Weight version updated to {version} on every worker."),
+               "success": fan.all_ok and len(done) == len(fan.replies), "new_version": version,
+               "workers_updated": len(done), "out_of_routing": self._pending()}
+        return out, fan.status()
+
+    async def load_lora(self, body: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        B.lora_load(body)
+        return await self._lora("/load_lora_adapter", body, "LoRA adapter loaded on every worker.")
+
+    async def unload_lora(self, body: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        B.lora_unload(body)
+        return await self._lora("/unload_lora_adapter", body, "LoRA adapter unloaded on every worker.")
+
+    async def _lora(self, path: str, body: dict[str, Any], message: str) -> tuple[dict[str, Any], int]:
+        """SGLang's ``LoRAUpdateOutput`` per worker: ``loaded_adapters`` keeps the adapters
+        loaded alike on every worker that answered, ``loaded_adapters_by_worker`` each one's."""
+        fan = await self.gw.workers.fan_out(self._targets(), "POST", path, body)
+        by_worker = {r.worker: r.body.get("loaded_adapters") for r in fan.replies
+                     if isinstance(r.body, dict) and isinstance(r.body.get("loaded_adapters"), dict)}
+        common: dict[str, Any] | None = None
+        for adapters in by_worker.values():
+            common = dict(adapters) if common is None else {k: v for k, v in common.items() if adapters.get(k) == v}
+        errors = [f"{r.worker}: {r.body.get('error_message') if isinstance(r.body, dict) and r.body.get('error_message') else r.message}"
+                  for r in fan.replies if not (r.ok and _success(r))]
+        out = {**self._summary(fan, message), "success": not errors and bool(fan.replies),
+               "error_message": " | ".join(errors) or None, "loaded_adapters": common or {},
+               "loaded_adapters_by_worker": by_worker}
+        if errors:
+            out["message"] = f"{len(errors)} of {len(fan.replies)} worker(s) failed; " + out["error_message"]
         return out, fan.status()
 
     # ---- abort ----------------------------------------------------------------------------
@@ -198,12 +349,45 @@ class EngineControl:
         assert self.gw.monitor is not None
         return sum(b.inflight for w in self.gw.monitor.workers.values() if w.url == url for b in w.backends)
 
-    def _versions(self, urls: list[str], version: str | None) -> None:
+    def _registered_workers(self) -> list[Worker]:
+        """Registered workers, in ``GET /workers`` order (the order they were added)."""
+        assert self.gw.monitor is not None
+        workers = [w for w in self.gw.monitor.workers.values() if w.registered]
+        if not workers:
+            raise NoBackend("no registered workers to send the control call to")
+        return workers
+
+    def _registered(self) -> list[str]:
+        assert self.gw.monitor is not None
+        return [w.url for w in self.gw.monitor.workers.values() if w.registered]
+
+    def worker(self, ref: str) -> str:
+        """The URL of the one worker ``ref`` names: its URL, id, or index in ``GET /workers``.
+        A 404 ``worker_not_found`` when no registered worker matches."""
+        assert self.gw.monitor is not None
+        workers = list(self.gw.monitor.workers.values())
+        w = workers[int(ref)] if ref.isdigit() and int(ref) < len(workers) else self.gw.monitor.find(ref)
+        if w is None or not w.registered:
+            known = ", ".join(f"{i}: {x.url}" for i, x in enumerate(workers) if x.registered) or "none"
+            raise NotFound(f"no registered worker {ref!r} (by index, URL or id; registered: {known})",
+                           param="worker", code="worker_not_found")
+        return w.url
+
+    def _backends(self, urls: list[str]) -> list[Backend]:
+        return [b for b in self.gw.controller.backend_list() if b.worker_url in urls]
+
+    def _versions(self, urls: list[str], version: str | None, weights: bool = True) -> None:
         """An update through the router: the engines' new version is known (or, unnamed, read
-        afresh from their next answer), so it is not taken for one behind the router's back."""
-        for b in self.gw.controller.backend_list():
-            if b.worker_url in urls:
-                b.weight_version = version
+        afresh from their next answer), so it is not taken for one behind the router's back.
+        New weights (``weights``) bring a worker kept out of routing back; a new label only
+        when it is the version that worker waits for."""
+        for b in self._backends(urls):
+            b.weight_version = version
+            p = b.weights_pending
+            if p is not None and (weights or (version is not None and p.met_by(version))):
+                b.weights_pending = None
+                log.warning("worker %s has the expected weights again: back in routing", b.worker_url)
+                self.gw.kick()
 
     def _reset(self, urls: list[str], now: float) -> None:
         """The engines of ``urls`` dropped their KV: reset the accounting of their programs."""

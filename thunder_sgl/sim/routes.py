@@ -275,7 +275,10 @@ async def sim_state(request: web.Request) -> web.Response:
     srv = request.app[SIM]
     srv.sync()
     ranks = [dataclasses.asdict(s) for s in srv.worker.stats()]
-    return json_response({"worker_id": srv.worker.worker_id, "config": srv.worker.cfg.name, "ranks": ranks})
+    w = srv.worker
+    return json_response({"worker_id": w.worker_id, "config": w.cfg.name, "ranks": ranks,
+                          "weight_groups": w.weight_groups, "lora_adapters": w.lora_adapters,
+                          "weight_version": w.weight_version, "weight_updates": w.weight_updates})
 
 
 def add_routes(app: web.Application) -> None:

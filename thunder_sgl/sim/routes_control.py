@@ -14,6 +14,9 @@ answers (``entrypoints/http_server.py``; ``managers/io_struct.py`` for the bodie
   first unless ``abort_all_requests`` is false, as SGLang's;
 - ``GET|POST /release_memory_occupation``, ``/resume_memory_occupation {"tags"?}`` → 200 ``null``.
 
+The weight sync routes (update groups, distributed and tensor updates, LoRA adapters) are in
+``sim.routes_weights``, on top of ``run_update``.
+
 Bodies are validated as SGLang's pydantic models do: a bad field is a 400 with SGLang's error body.
 """
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -111,20 +115,42 @@ def _loadable(srv: SimServer, path: str) -> bool:
 
 async def update_weights_from_disk(request: web.Request) -> web.Response:
     srv = request.app[SIM]
-    w = srv.worker
     try:
         body = await _object(request)
         path = body.get("model_path")
         if not isinstance(path, str):
             raise SimRequestError("model_path: Field required (a string)")
-        version = body.get("weight_version")
-        if version is not None and not isinstance(version, str):
-            raise SimRequestError("weight_version: Input should be a valid string")
-        flush = body.get("flush_cache", True)
-        if not isinstance(flush, bool) or not isinstance(body.get("abort_all_requests", False), bool):
-            raise SimRequestError("flush_cache / abort_all_requests: Input should be a valid boolean")
+        version, flush = update_fields(body)
     except SimRequestError as e:
         return error_response(str(e), 400)
+
+    def load() -> str | None:
+        if _loadable(srv, path):
+            return None
+        return f"Failed to get weights iterator: no checkpoint at {path!r}."
+
+    return await run_update(srv, body, version, flush, load, {"num_paused_requests": 0})
+
+
+def update_fields(body: dict[str, Any]) -> tuple[str | None, bool]:
+    """``weight_version``, ``flush_cache`` and ``abort_all_requests``, the fields every weight
+    update of SGLang has (``UpdateWeightFromDiskReqInput`` and friends)."""
+    version = body.get("weight_version")
+    if version is not None and not isinstance(version, str):
+        raise SimRequestError("weight_version: Input should be a valid string")
+    flush = body.get("flush_cache", True)
+    if not isinstance(flush, bool) or not isinstance(body.get("abort_all_requests", False), bool):
+        raise SimRequestError("flush_cache / abort_all_requests: Input should be a valid boolean")
+    return version, flush
+
+
+async def run_update(srv: SimServer, body: dict[str, Any], version: str | None, flush: bool,
+                     load: Callable[[], str | None], extra: dict[str, Any]) -> web.Response:
+    """A weight update as SGLang's tokenizer manager runs it: requests aborted first when
+    asked; without a pause, the requests in flight finish first (its writer lock); then
+    ``load()`` (None, or why the weights could not be loaded) and the new version and flush.
+    Answers ``{"success", "message", **extra}``, 400 when ``success`` is false."""
+    w = srv.worker
     if w.updating:
         return error_response("a weight update is already in progress", 400)
     w.updating = True
@@ -135,15 +161,15 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
             srv.kick()
         if w.paused is None:  # SGLang's writer lock: the requests in flight finish first
             await srv.settle(lambda: not control.has_requests(w), SETTLE_SECONDS)
-        if not _loadable(srv, path):
-            return json_response({"success": False, "num_paused_requests": 0, "message":
-                                  f"Failed to get weights iterator: no checkpoint at {path!r}."}, 400)
+        failed = load()
+        if failed is not None:
+            return json_response({"success": False, "message": failed, **extra}, 400)
         delay = getattr(srv.clock, "real_delay", None)
         if delay is not None and w.cfg.control.weight_update_seconds > 0:
             await asyncio.sleep(delay(w.cfg.control.weight_update_seconds))
         srv.sync()
         ok, message = control.update_weights(w, version, flush)
-        return json_response({"success": ok, "message": message, "num_paused_requests": 0}, 200 if ok else 400)
+        return json_response({"success": ok, "message": message, **extra}, 200 if ok else 400)
     finally:
         w.updating = False
         srv.refresh_gate()
@@ -178,6 +204,9 @@ def add_control_routes(r: web.UrlDispatcher) -> None:
     r.add_post("/continue_generation", continue_generation)
     r.add_post("/update_weights_from_disk", update_weights_from_disk)
     r.add_post("/update_weight_version", update_weight_version)
+    from thunder_sgl.sim.routes_weights import add_weight_routes
+
+    add_weight_routes(r)
     for path, handler in (("/release_memory_occupation", release_memory_occupation),
                           ("/resume_memory_occupation", resume_memory_occupation)):
         r.add_get(path, handler)

@@ -48,6 +48,10 @@ class SimWorker:
         self.weight_updates = 0
         self.released: set[str] = set()
         """Memory occupation tags released (new requests wait until all are resumed)."""
+        self.weight_groups: dict[str, dict[str, Any]] = {}
+        """Weight update groups joined (``/init_weights_update_group``), by name."""
+        self.lora_adapters: dict[str, str] = {}
+        """LoRA adapters loaded: name → path."""
 
     @property
     def accepting(self) -> bool:

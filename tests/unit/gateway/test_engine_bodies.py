@@ -43,6 +43,29 @@ def test_pause_modes_are_sglangs_with_abort_the_default(body, mode):
     (B.weight_update, {"model_path": "/m", "abort_all_requests": "true"}, "abort_all_requests"),
     (B.memory_tags, {"tags": "kv_cache"}, "tags"),
     (B.memory_tags, {"tags": ["kv_cache", "gpu"]}, "tags"),
+    (B.init_group, {"master_port": 1, "rank_offset": 1, "world_size": 3}, "master_address"),
+    (B.init_group, {"master_address": "h", "master_port": "1", "rank_offset": 1, "world_size": 3}, "master_port"),
+    (B.init_group, {"master_address": "h", "master_port": 70000, "rank_offset": 1, "world_size": 3}, "master_port"),
+    (B.init_group, {"master_address": "h", "master_port": 1, "rank_offset": True, "world_size": 3}, "rank_offset"),
+    (B.init_group, {"master_address": "h", "master_port": 1, "rank_offset": -1, "world_size": 3}, "rank_offset"),
+    (B.init_group, {"master_address": "h", "master_port": 1, "rank_offset": 3, "world_size": 3}, "world_size"),
+    (B.init_group, {"master_address": "h", "master_port": 1, "rank_offset": 1, "world_size": 3, "group_name": ""},
+     "group_name"),
+    (B.destroy_group, {"group_name": 5}, "group_name"),
+    (B.distributed_update, {"names": ["w"], "dtypes": ["bf16"]}, "shapes"),
+    (B.distributed_update, {"names": ["w"], "dtypes": ["bf16"], "shapes": [[2, -1]]}, "shapes"),
+    (B.distributed_update, {"names": ["w", "v"], "dtypes": ["bf16"], "shapes": [[2]]}, "shapes"),
+    (B.distributed_update, {"names": "w", "dtypes": ["bf16"], "shapes": [[2]]}, "names"),
+    (B.distributed_update, {"names": [], "dtypes": [], "shapes": [], "flush_cache": "no"}, "flush_cache"),
+    (B.tensor_update, {}, "serialized_named_tensors"),
+    (B.tensor_update, {"serialized_named_tensors": ["x"], "weight_version": 3}, "weight_version"),
+    (B.version_update, {}, "new_version"),
+    (B.version_update, {"new_version": "v", "abort_all_requests": 1}, "abort_all_requests"),
+    (B.lora_load, {"lora_name": "a"}, "lora_path"),
+    (B.lora_load, {"lora_name": "a", "lora_path": "p", "pinned": "yes"}, "pinned"),
+    (B.lora_unload, {}, "lora_name"),
+    (B.worker_ref, {}, "worker"),
+    (B.worker_ref, {"worker": "  "}, "worker"),
 ])
 def test_bad_fields_are_refused_naming_the_field(call, body, param):
     with pytest.raises(BadRequest) as e:
@@ -54,8 +77,14 @@ def test_abort_targets_and_weight_update_defaults():
     assert B.abort_target({"rid": "r1"}) == B.AbortTarget("r1", False)
     assert B.abort_target({"abort_all": True, "rid": "ignored"}) == B.AbortTarget(None, True)
     upd = B.weight_update({"model_path": "/ckpt/step-3", "weight_version": "step-3", "load_format": "auto"})
-    assert upd == B.WeightUpdate("/ckpt/step-3", "step-3", True)
+    assert upd == B.WeightUpdate("step-3", True, "/ckpt/step-3")
     assert B.weight_update({"model_path": "/m", "flush_cache": False}).flush_cache is False
+    assert B.distributed_update({"names": ["a"], "dtypes": ["bfloat16"], "shapes": [[4, 4]], "weight_version": "v2",
+                                 "flush_cache": False}) == B.WeightUpdate("v2", False)
+    assert B.tensor_update({"serialized_named_tensors": ["eA=="]}) == B.WeightUpdate(None, True)
+    assert B.init_group({"master_address": "h", "master_port": 29500, "rank_offset": 1, "world_size": 5}) \
+        == B.UpdateGroup(1, 5)
+    assert B.version_update({"new_version": "v7"}) == "v7" and B.worker_ref({"worker": " 1 "}) == "1"
     assert B.memory_tags({}) is None and B.memory_tags({"tags": []}) is None
     assert B.memory_tags({"tags": ["weights", "weights", "kv_cache"]}) == ["weights", "kv_cache"]
 
