@@ -188,3 +188,19 @@ def test_a_worker_whose_update_failed_is_out_of_routing_until_it_reports_the_exp
     c.weight_version_seen(b, "v1", 5.0)
     assert b.weights_pending is None and b.available(5.0, 10.0) and b.weight_version == "v1"
     assert PendingWeights(None, "v0", 0.0, "x", "").met_by("v2") and not PendingWeights(None, "v0", 0.0, "x", "").met_by("v0")
+
+
+def test_an_active_programs_request_is_not_sent_to_a_worker_whose_update_failed_before_the_next_tick():
+    """The window closed and no tick has evacuated the program yet: its next request is held
+    (not served by the stale weights) and goes to the other backend once the tick moves it."""
+    from thunder_sgl.backends.backend import PendingWeights
+
+    c = make(n=2)
+    step(c, "a", 1000, 100, 0.0)
+    b = c.backends[c.programs.get("a").backend]
+    other = next(x for x in c.backend_list() if x is not b)
+    b.weights_pending = PendingWeights("v1", "v0", 1.0, "/update_weights_from_distributed", "no group")
+    t = ticket("a", 1200)
+    assert c.submit(t, 2.0) is None and c.held_count == 1 and c.next_tick_at() <= 2.0
+    assert c.tick(2.0).paused == [c.programs.get("a")]
+    assert t in c.tick(2.2).dispatched and t.backend is other

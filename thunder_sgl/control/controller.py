@@ -131,7 +131,12 @@ class Controller:
             p.output_cap = cap
         estimate = self._estimate(p, t)
         if p.state is ProgramState.ACTIVE and not self.windows.holding and self._gate_open(p, estimate):
-            return self._dispatch(t, p, now, estimate)
+            b = self.backends.get(p.backend)  # type: ignore[arg-type]
+            if b is None or b.weights_pending is None:
+                return self._dispatch(t, p, now, estimate)
+            # its worker failed a weight update since the last tick: nothing goes there; the
+            # next tick evacuates the program and its request goes where it is placed
+            self._kick = True
         self._hold(t, p, now, estimate)
         return None
 
