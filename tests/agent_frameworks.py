@@ -18,21 +18,28 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of the price list (no network)
 os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
 os.environ.setdefault("MSWEA_COST_TRACKING", "ignore_errors")
 
 
-def mini_config() -> dict[str, Any]:
-    """mini-swe-agent's own ``mini.yaml`` (the tool-call agent of its ``mini`` command),
-    without the interactive mode."""
-    from minisweagent import package_dir
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mini_swe_agent_thunder.py"
 
-    cfg = yaml.safe_load(Path(package_dir / "config" / "mini.yaml").read_text())
-    cfg["agent"].pop("mode", None)
-    return cfg
+
+def mini_config() -> dict[str, Any]:
+    """mini-swe-agent's own ``mini.yaml``, not interactive: the example's own reading of it
+    (``examples/mini_swe_agent_thunder.py``), so tests and example agree."""
+    import importlib.util
+    import sys
+
+    mod = sys.modules.get("mini_swe_agent_thunder")
+    if mod is None:
+        spec = importlib.util.spec_from_file_location("mini_swe_agent_thunder", EXAMPLE)
+        mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        sys.modules["mini_swe_agent_thunder"] = mod
+        spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod.mini_config()  # type: ignore[no-any-return]
 
 
 def run_agents(router_url: str, tasks: list[str], steps: int, model: str, program_ids: list[str | None] | None = None,
