@@ -1,6 +1,9 @@
 """Admin routes, as sglang_router serves them (sglang-surface.md §3.4), plus /metrics.
 
-Worker management, loads and cache flush need the admin key (when one is configured);
+Worker management follows sglang_router 0.3.2 (bodies in ``worker_bodies``; replies compared
+with 0.3.2's by tests/integration/test_slime_contract.py), finds a worker by id or by URL, and
+keeps 0.2.x's ``/add_worker``, ``/remove_worker``, ``/list_workers`` that older slime calls
+(docs/rl.md §9). Worker management, loads and cache flush need the admin key (when one is configured);
 health, model and /metrics routes are open, as in sglang_router. The cache flush goes through
 ``EngineControl`` with the RL control routes (``routes_engine``).
 """
