@@ -57,6 +57,13 @@ class Worker:
     last_error: str | None = None
     metrics_supported: bool = True
     task: asyncio.Task[None] | None = None
+    model_id_override: str | None = None
+    """``model_id`` of the ``POST /workers`` body (sglang_router's), shown instead of the model path."""
+    priority: int | None = None
+    cost: float | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    disable_health_check: bool = False
+    """Shown as given (``worker_bodies``); thunder's scheduling does not use them."""
 
     @property
     def weights_pending(self) -> PendingWeights | None:
@@ -65,7 +72,34 @@ class Worker:
 
     @property
     def model_id(self) -> str:
+        if self.model_id_override:
+            return self.model_id_override
         return self.info.model_path if self.info else "unknown"
+
+    def metadata(self) -> dict[str, str]:
+        """sglang_router 0.3.2's ``metadata`` (all values strings): what the worker reported,
+        then the body's labels, and its priority and cost when given."""
+        m = {
+            "model_path": self.info.model_path if self.info else "unknown",
+            "dp_size": str(self.info.dp_size if self.info else 1),
+            "tp_size": str(self.info.tp_size if self.info else 1),
+            "disaggregation_mode": "null",
+        }
+        raw = self.info.raw if self.info else {}
+        for key in ("served_model_name", "load_balance_method"):
+            if isinstance(raw.get(key), str):
+                m[key] = raw[key]
+        mi = self.model_info or {}
+        if isinstance(mi.get("architectures"), list):
+            m["architectures"] = orjson.dumps(mi["architectures"]).decode()
+        if isinstance(mi.get("model_type"), str):
+            m["model_type"] = mi["model_type"]
+        m.update(self.labels)
+        if self.priority is not None:
+            m["priority"] = str(self.priority)
+        if self.cost is not None:
+            m["cost"] = str(self.cost)
+        return m
 
     def describe(self) -> dict[str, Any]:
         """The item of ``GET /workers`` (sglang_router's shape, plus thunder fields)."""
@@ -73,17 +107,14 @@ class Worker:
             "id": self.id,
             "url": self.url,
             "model_id": self.model_id,
-            "priority": 50,
-            "cost": 1.0,
+            "priority": 50 if self.priority is None else self.priority,
+            "cost": 1.0 if self.cost is None else self.cost,
             "worker_type": "regular",
             "is_healthy": self.healthy,
             "load": sum(b.inflight for b in self.backends),
-            "connection_mode": "http",
-            "metadata": {
-                "model_path": self.model_id,
-                "dp_size": str(self.info.dp_size if self.info else 1),
-                "disaggregation_mode": "null",
-            },
+            "connection_mode": "HTTP",
+            "metadata": self.metadata(),
+            "disable_health_check": self.disable_health_check,
             "registered": self.registered,
             "last_error": self.last_error,
             "tp_size": self.info.tp_size if self.info else None,
@@ -135,12 +166,15 @@ class Monitor:
         self.workers: dict[str, Worker] = {}
 
     # ---- registry -----------------------------------------------------------------------
-    def add(self, url: str) -> Worker:
+    def add(self, url: str, **fields: Any) -> Worker:
+        """Register ``url`` (in the background); ``fields`` set on the new ``Worker``
+        (``priority``, ``labels``, ...). A URL already registered returns its worker unchanged,
+        as sglang_router 0.3.2 does."""
         url = url.rstrip("/")
         for w in self.workers.values():
             if w.url == url:
                 return w
-        w = Worker(url=url)
+        w = Worker(url=url, **fields)
         self.workers[w.id] = w
         w.task = asyncio.get_running_loop().create_task(self._run(w), name=f"monitor {url}")
         return w

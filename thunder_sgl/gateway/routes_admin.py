@@ -1,12 +1,17 @@
 """Admin routes, as sglang_router serves them (sglang-surface.md §3.4), plus /metrics.
 
-Worker management, loads and cache flush need the admin key (when one is configured);
+Worker management follows sglang_router 0.3.2 (bodies in ``worker_bodies``; replies compared
+with 0.3.2's by tests/integration/test_slime_contract.py), finds a worker by id or by URL, and
+keeps 0.2.x's ``/add_worker``, ``/remove_worker``, ``/list_workers`` that older slime calls
+(docs/rl.md §9). Worker management, loads and cache flush need the admin key (when one is configured);
 health, model and /metrics routes are open, as in sglang_router. The cache flush goes through
 ``EngineControl`` with the RL control routes (``routes_engine``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import orjson
@@ -14,12 +19,24 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from thunder_sgl.backends.monitor import Worker
 from thunder_sgl.errors import BadRequest, NoBackend, NotFound
 from thunder_sgl.gateway.engine_control import EngineControl
 from thunder_sgl.gateway.http import check_key, read_body
 from thunder_sgl.gateway.runtime import Gateway
+from thunder_sgl.gateway.worker_bodies import worker_config, worker_update, worker_url
 
 WORKER_SCHEMA = {"type": "object", "required": ["url"], "properties": {"url": {"type": "string"}}}
+LEGACY_ADD_WAIT_S = 300.0
+"""How long ``POST /add_worker`` waits for the worker to register (sglang_router 0.2.x answered
+once the worker was healthy, or 400)."""
+
+
+async def json_body(request: Request) -> Any:
+    try:
+        return orjson.loads(await read_body(request, 65536))
+    except orjson.JSONDecodeError as e:
+        raise BadRequest(f"request body is not valid JSON: {e}", code="invalid_json") from None
 
 
 def build_admin_router(gw: Gateway, engines: EngineControl) -> APIRouter:
@@ -85,39 +102,82 @@ def build_admin_router(gw: Gateway, engines: EngineControl) -> APIRouter:
     async def list_workers(request: Request) -> JSONResponse:
         check_key(request, gw.admin_key, "admin key")
         items = [w.describe() for w in monitor().workers.values()]
-        return JSONResponse({"workers": items, "total": len(items)})
+        stats = {"prefill_count": 0, "decode_count": 0, "regular_count": len(items)}
+        return JSONResponse({"workers": items, "total": len(items), "stats": stats})
 
     @router.post("/workers", status_code=202, openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": WORKER_SCHEMA}}}})
     async def add_worker(request: Request) -> JSONResponse:
+        """sglang_router 0.3.2's ``WorkerConfigRequest`` (``worker_bodies``); registration runs
+        in the background, as there. The same URL again answers its worker's id."""
         check_key(request, gw.admin_key, "admin key")
-        try:
-            body = orjson.loads(await read_body(request, 65536))
-        except orjson.JSONDecodeError as e:
-            raise BadRequest(f"request body is not valid JSON: {e}", code="invalid_json") from None
-        url = body.get("url") if isinstance(body, dict) else None
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")) or len(url) > 2048:
-            raise BadRequest("'url' must be an http(s) URL of a worker", param="url")
-        w = monitor().add(url)
-        return JSONResponse({"status": "accepted", "worker_id": w.id, "location": f"/workers/{w.id}"}, status_code=202)
+        spec = worker_config(await json_body(request), gw.cfg.gateway.api_key)
+        w = monitor().add(spec.url, model_id_override=spec.model_id, priority=spec.priority, cost=spec.cost,
+                          labels=spec.labels, disable_health_check=spec.disable_health_check)
+        location = f"/workers/{w.id}"
+        return JSONResponse({"status": "accepted", "worker_id": w.id, "url": w.url, "location": location,
+                             "message": "Worker addition queued for background processing"},
+                            status_code=202, headers={"Location": location})
 
-    @router.get("/workers/{worker_id}")
+    def find(worker_id: str) -> Worker:
+        """By id (as sglang_router 0.3.x) or by URL, URL-encoded in the path (as 0.2.x)."""
+        w = monitor().find(worker_id)
+        if w is None:
+            raise NotFound(f"worker {worker_id!r} not found", code="worker_not_found")
+        return w
+
+    @router.get("/workers/{worker_id:path}")
     async def get_worker(request: Request, worker_id: str) -> JSONResponse:
         check_key(request, gw.admin_key, "admin key")
-        w = monitor().find(worker_id)
-        if w is None:
-            raise NotFound(f"worker {worker_id!r} not found", code="worker_not_found")
-        return JSONResponse(w.describe())
+        return JSONResponse(find(worker_id).describe())
 
-    @router.delete("/workers/{worker_id}", status_code=202)
-    async def delete_worker(request: Request, worker_id: str) -> JSONResponse:
-        """Remove by id (as sglang_router) or by URL (query ?url= is also accepted)."""
+    @router.put("/workers/{worker_id:path}", status_code=202)
+    async def update_worker(request: Request, worker_id: str) -> JSONResponse:
+        """sglang_router's update: priority, cost, labels (shown; not used in scheduling)."""
         check_key(request, gw.admin_key, "admin key")
-        w = monitor().find(worker_id)
-        if w is None:
-            raise NotFound(f"worker {worker_id!r} not found", code="worker_not_found")
+        w = find(worker_id)
+        for name, value in worker_update(await json_body(request)).items():
+            setattr(w, name, value)
+        return JSONResponse({"status": "accepted", "worker_id": w.id, "message": "worker updated"}, status_code=202)
+
+    @router.delete("/workers/{worker_id:path}", status_code=202)
+    async def delete_worker(request: Request, worker_id: str) -> JSONResponse:
+        """Remove by id (as sglang_router 0.3.x) or by URL-encoded URL (as 0.2.x). Done when
+        answered: the worker gets no new request, and its programs migrate."""
+        check_key(request, gw.admin_key, "admin key")
+        w = find(worker_id)
         await monitor().remove(w.id)
         return JSONResponse({"status": "accepted", "worker_id": w.id, "message": "worker removed; its programs migrate"},
                             status_code=202)
+
+    # sglang_router <= 0.2.1's routes (404 in 0.3.x), which slime called with such a router
+    # (slime before v0.3.1): plain-text answers, /add_worker once the worker is registered.
+    @router.post("/add_worker")
+    async def legacy_add_worker(request: Request) -> PlainTextResponse:
+        check_key(request, gw.admin_key, "admin key")
+        url = worker_url(request.query_params.get("url"))
+        w = monitor().add(url)
+        deadline = time.monotonic() + LEGACY_ADD_WAIT_S
+        while not (w.registered and w.healthy):
+            if w.id not in monitor().workers:
+                raise NotFound(f"worker {url!r} was removed while being added", code="worker_not_found")
+            if time.monotonic() > deadline:
+                await monitor().remove(w.id)
+                raise BadRequest(f"worker {url} did not become healthy within {LEGACY_ADD_WAIT_S:.0f} s "
+                                 f"({w.last_error})", param="url", code="worker_not_ready")
+            await asyncio.sleep(0.1)
+        return PlainTextResponse(f"Successfully added worker: {w.url}")
+
+    @router.post("/remove_worker")
+    async def legacy_remove_worker(request: Request) -> PlainTextResponse:
+        check_key(request, gw.admin_key, "admin key")
+        w = find(worker_url(request.query_params.get("url")))
+        await monitor().remove(w.id)
+        return PlainTextResponse(f"Successfully removed worker: {w.url}")
+
+    @router.get("/list_workers")
+    async def legacy_list_workers(request: Request) -> JSONResponse:
+        check_key(request, gw.admin_key, "admin key")
+        return JSONResponse({"urls": [w.url for w in monitor().workers.values() if w.registered]})
 
     @router.get("/get_loads")
     async def get_loads(request: Request) -> JSONResponse:
