@@ -124,11 +124,13 @@ def run_openai_agents(router_url: str, tasks: list[str], turns: int, model: str,
         return calls
 
     async def main() -> list[int]:
-        client = AsyncOpenAI(base_url=router_url + "/v1", api_key="none", max_retries=0)
         ids = program_ids or [None] * len(tasks)
-        if not concurrent:
-            return [await one(client, t, p) for t, p in zip(tasks, ids, strict=True)]
-        return list(await asyncio.gather(*(one(client, t, p) for t, p in zip(tasks, ids, strict=True))))
+        # closed here, in its own loop: left to the garbage collector, its connection pool's
+        # close runs later in another test's loop and logs an error there
+        async with AsyncOpenAI(base_url=router_url + "/v1", api_key="none", max_retries=0) as client:
+            if not concurrent:
+                return [await one(client, t, p) for t, p in zip(tasks, ids, strict=True)]
+            return list(await asyncio.gather(*(one(client, t, p) for t, p in zip(tasks, ids, strict=True))))
 
     return asyncio.run(main())
 

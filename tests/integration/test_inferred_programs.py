@@ -46,10 +46,9 @@ async def agent(client: AsyncOpenAI, steps: int, stream: bool, program_id: str |
 
 def test_unmodified_agents_sharing_a_prompt_and_a_task_each_land_in_one_inferred_program(cluster):
     _, router = cluster
-    client = AsyncOpenAI(base_url=router.url + "/v1", api_key="none")
-
     async def main() -> list[list[int]]:
-        return await asyncio.gather(*(agent(client, 4, stream=i % 2 == 1) for i in range(6)))
+        async with AsyncOpenAI(base_url=router.url + "/v1", api_key="none") as client:
+            return await asyncio.gather(*(agent(client, 4, stream=i % 2 == 1) for i in range(6)))
 
     cached = asyncio.run(main())
     progs = httpx.get(router.url + "/programs").json()["data"]
@@ -69,13 +68,12 @@ def test_greedy_agents_answered_alike_are_routed_statelessly_never_merged(cluste
     match yet), whose expectations are then equal; the second steps of two of them match all
     four, so they go statelessly and are counted; nothing is merged."""
     _, router = cluster
-    client = AsyncOpenAI(base_url=router.url + "/v1", api_key="none")
-
     async def main() -> None:
-        await agent(client, 1, stream=False, temperature=None)
-        await agent(client, 1, stream=False, temperature=None)
-        await asyncio.gather(agent(client, 2, stream=False, temperature=None),
-                             agent(client, 2, stream=True, temperature=None))
+        async with AsyncOpenAI(base_url=router.url + "/v1", api_key="none") as client:
+            await agent(client, 1, stream=False, temperature=None)
+            await agent(client, 1, stream=False, temperature=None)
+            await asyncio.gather(agent(client, 2, stream=False, temperature=None),
+                                 agent(client, 2, stream=True, temperature=None))
 
     asyncio.run(main())
     progs = httpx.get(router.url + "/programs").json()["data"]
@@ -105,8 +103,9 @@ def test_an_explicit_id_wins_and_inference_can_be_turned_off(spawn):
     sim = spawn("sim", "tiny", workers=1, time_scale=TS)
     router = spawn("thunder", sim.urls, time_scale=TS, extra=["--thunder-infer-program-ids", "off"])
 
-    async def run(program_id: str | None) -> None:  # a client per event loop
-        await agent(AsyncOpenAI(base_url=router.url + "/v1", api_key="none"), 2, stream=False, program_id=program_id)
+    async def run(program_id: str | None) -> None:  # a client per event loop, closed in it
+        async with AsyncOpenAI(base_url=router.url + "/v1", api_key="none") as client:
+            await agent(client, 2, stream=False, program_id=program_id)
 
     asyncio.run(run(None))
     assert httpx.get(router.url + "/programs").json()["count"] == 0
@@ -123,9 +122,9 @@ def test_a_new_conversation_the_router_has_no_room_to_track_goes_statelessly(spa
     router = spawn("thunder", sim.urls, time_scale=TS, extra=["--thunder-config", str(cfg)])
 
     async def main() -> None:
-        client = AsyncOpenAI(base_url=router.url + "/v1", api_key="none")
-        await asyncio.gather(*(agent(client, 1, stream=False) for _ in range(2)))
-        await agent(client, 2, stream=False)  # a third: answered, statelessly, never refused
+        async with AsyncOpenAI(base_url=router.url + "/v1", api_key="none") as client:
+            await asyncio.gather(*(agent(client, 1, stream=False) for _ in range(2)))
+            await agent(client, 2, stream=False)  # a third: answered, statelessly, never refused
 
     asyncio.run(main())
     assert httpx.get(router.url + "/programs").json()["count"] == 2
