@@ -91,12 +91,7 @@ def program_cost(p: Program, default_output: float) -> ProgramCost:
     s = full + gt
     if s > c:
         s = c
-    eo = p.expected_output_tokens
-    if eo <= 0:
-        eo = default_output
-        cap = p.output_cap
-        if 0 < cap < eo:
-            eo = cap
+    eo = expected_output(p, default_output)
     # tuple.__new__: a named tuple built without its Python-level __new__.
     return _new(ProgramCost, (c, s, key, full, c - s, c + eo, p.phase is _REASONING or p.held > 0, gkey, gt, eo))
 
@@ -109,8 +104,7 @@ def cost_of(p: Program, default_output: float) -> ProgramCost:
     if pc is not None:
         g = p.group
         if (g is None or not pc[7] or pc[8] == g.prefix_tokens) and (
-                p.expected_output_tokens > 0 or pc[9] == default_output
-                or 0 < p.output_cap < default_output and pc[9] == p.output_cap):
+                p.expected_output_tokens > 0 or pc[9] == expected_output(p, default_output)):
             return pc  # type: ignore[no-any-return]
     pc = program_cost(p, default_output)
     p.cost_cache = pc
