@@ -2,13 +2,17 @@
 
     thunder-sgl engine prepare [--model small,tiny] [--seed 0] [--reinstall] [--venv DIR]
     thunder-sgl engine serve --workers 2 [--max-total-tokens 24576] [--ready-file F]
+    thunder-sgl engine serve --workers N --hicache-ratio R [--hicache-write-policy write_through|write_back]
+                             [--hicache-storage DIR]
     thunder-sgl engine status
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,8 +20,12 @@ from pathlib import Path
 from thunder_sgl.engine.env import EngineEnv, EngineEnvError
 from thunder_sgl.engine.models import DEFAULT_SIZE, MODEL_SIZES
 from thunder_sgl.engine.serve import (
+    CPU_HICACHE_DIR,
     DEFAULT_MAX_TOTAL_TOKENS,
+    WRITE_POLICIES,
     EngineOptions,
+    HiCacheOptions,
+    HiCachePatchError,
     start_engines,
     write_ready_file,
 )
@@ -47,7 +55,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sv.add_argument("--dtype", default=None, help="--dtype of the servers (e.g. bfloat16)")
     sv.add_argument("--threads", type=int, default=None, help="torch threads per server (default: all cores)")
     sv.add_argument("--engine-arg", action="append", default=[], help="one more sglang.launch_server argument (repeatable)")
-    sub.add_parser("status", help="say whether the venv works and which models are built")
+    sv.add_argument("--hicache-ratio", type=float, default=None,
+                    help="turn on SGLang's real HiCache: a host tier of R x the KV pool (R > 1), with the CPU patches")
+    sv.add_argument("--hicache-write-policy", choices=WRITE_POLICIES, default="write_through",
+                    help="HiCache write policy (default write_through; needs --hicache-ratio)")
+    sv.add_argument("--hicache-storage", type=Path, default=None, metavar="DIR",
+                    help="add HiCache's file storage tier under DIR (worker-<i>/ each; needs --hicache-ratio)")
+    sub.add_parser("status", help="say whether the venv works, which models are built, whether the HiCache CPU patches apply")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,14 +92,35 @@ def _serve(env: EngineEnv, args: argparse.Namespace) -> int:
     if args.workers < 1 or args.max_total_tokens < 256:
         print("thunder-sgl engine serve: need --workers >= 1 and --max-total-tokens >= 256", file=sys.stderr)
         return 2
+    hicache = None
+    if args.hicache_ratio is None:
+        if args.hicache_storage is not None or args.hicache_write_policy != "write_through":
+            print("thunder-sgl engine serve: --hicache-write-policy and --hicache-storage need --hicache-ratio",
+                  file=sys.stderr)
+            return 2
+    else:
+        try:
+            hicache = HiCacheOptions(args.hicache_ratio, args.hicache_write_policy,
+                                     args.hicache_storage.resolve() if args.hicache_storage else None)
+        except ValueError as e:
+            print(f"thunder-sgl engine serve: {e}", file=sys.stderr)
+            return 2
     env.require()
     opts = EngineOptions(model=env.model(args.model, args.seed), max_total_tokens=args.max_total_tokens,
                          session_radix_cache=not args.no_session_radix_cache, dtype=args.dtype,
-                         threads=args.threads, extra=tuple(args.engine_arg))
+                         threads=args.threads, extra=tuple(args.engine_arg), hicache=hicache)
+    tiers = ""
+    if hicache is not None:
+        tiers = (f"; HiCache host tier {hicache.ratio:g}x ({hicache.write_policy})"
+                 + (f", file storage under {hicache.storage_dir}" if hicache.storage_dir else ""))
     print(f"thunder_sgl.engine: starting {args.workers} SGLang server(s), model {opts.model.name}, "
-          f"KV pool {opts.max_total_tokens} tokens each (about 20 s)", flush=True)
+          f"KV pool {opts.max_total_tokens} tokens each{tiers} (about 20 s)", flush=True)
     t0 = time.monotonic()
-    cluster = start_engines(args.workers, opts, env, args.log_dir, args.host)
+    try:
+        cluster = start_engines(args.workers, opts, env, args.log_dir, args.host)
+    except HiCachePatchError as e:
+        print(f"thunder-sgl engine serve: {e}", file=sys.stderr)
+        return 1
     stop = {"now": False}
 
     def _stop(signum: int, frame: object) -> None:
@@ -123,4 +158,20 @@ def _status(env: EngineEnv) -> int:
     print(f"models: {env.models_root}: {', '.join(built) or 'none built'}")
     if why is not None:
         print("run: thunder-sgl engine prepare")
-    return 0 if why is None else 1
+        return 1
+    ok, detail = hicache_patches_apply(env)
+    print(f"hicache cpu patches: {detail}" + ("" if ok else " (thunder-sgl engine serve --hicache-ratio will refuse to start)"))
+    return 0
+
+
+def hicache_patches_apply(env: EngineEnv) -> tuple[bool, str]:
+    """Run ``thunder_cpu_hicache.py --check`` in the SGLang venv: (applies, its last line)."""
+    try:
+        r = subprocess.run([str(env.python), str(CPU_HICACHE_DIR / "thunder_cpu_hicache.py"), "--check"],
+                           capture_output=True, text=True, timeout=300, cwd=str(CPU_HICACHE_DIR),
+                           env={**os.environ, "PYTHONPATH": str(CPU_HICACHE_DIR)})
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, f"the check did not run: {e}"
+    lines = [ln.removeprefix("thunder_sgl.cpu_hicache: ") for ln in r.stderr.splitlines()
+             if ln.startswith("thunder_sgl.cpu_hicache:")]
+    return r.returncode == 0, (lines[-1] if lines else (r.stderr.strip().splitlines() or ["no output"])[-1])
