@@ -309,11 +309,18 @@ class MonitorConfig:
     """Period of reading each worker's weight version (``/model_info``): weights updated behind
     the router are seen within it even when no answer says so (streams do not)."""
 
+    storage_tokens: int = 0
+    """Capacity of a worker's HiCache storage (L3) tier per rank, in tokens, counted in the
+    pool when the worker runs a storage backend. SGLang 0.5.23 reports none (a file tier is
+    bounded by its disk, a remote store by its own configuration): 0 leaves storage out of the
+    pool. A worker that reports ``hicache_storage_capacity_tokens`` (our simulator) wins."""
+
     def __post_init__(self) -> None:
         _check(self.poll_interval_seconds > 0, "monitor.poll_interval_seconds must be > 0")
         _check(self.version_poll_seconds > 0, "monitor.version_poll_seconds must be > 0")
         _check(self.stale_after_seconds > self.poll_interval_seconds, "monitor.stale_after_seconds must exceed the poll interval")
         _check(self.request_timeout_seconds > 0, "monitor.request_timeout_seconds must be > 0")
+        _check(self.storage_tokens >= 0, "monitor.storage_tokens must be >= 0")
         _check(self.failure_threshold >= 1 and self.success_threshold >= 1, "monitor thresholds must be >= 1")
 
     # The poll period is scaled: what matters is how fresh the readings are relative to the

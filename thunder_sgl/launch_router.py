@@ -53,6 +53,9 @@ def add_thunder_args(parser: argparse.ArgumentParser) -> None:
                         "conversation it continues (default on; docs/deploy.md, 'Program ids')")
     g.add_argument("--thunder-group-id-pattern", default=None,
                    help="override programs.group_id_pattern: derive a group from the program id (regex, first capture group)")
+    g.add_argument("--thunder-storage-tokens", type=int, default=None,
+                   help="override monitor.storage_tokens: HiCache storage-tier capacity per worker rank in tokens, counted "
+                        "in the pool (SGLang reports none; default 0: storage not counted)")
     g.add_argument("--thunder-admin-api-key", default=None, help="key for admin routes (workers, flush, listing/releasing all programs)")
     g.add_argument("--thunder-sandbox-provider", default=None, choices=["docker", "local", "none", "auto"],
                    help="override sandboxes.provider")
@@ -138,6 +141,7 @@ def serve(args: argparse.Namespace, argv: Sequence[str]) -> None:
         "programs.idle_timeout_seconds": args.thunder_idle_timeout_secs,
         "programs.infer_ids": None if args.thunder_infer_program_ids is None else args.thunder_infer_program_ids == "on",
         "programs.group_id_pattern": args.thunder_group_id_pattern,
+        "monitor.storage_tokens": args.thunder_storage_tokens,
         "sandboxes.provider": args.thunder_sandbox_provider,
         "gateway.worker_urls": list(args.worker_urls) if args.worker_urls else None,
         "gateway.policy": VARIANTS[args.thunder_variant] if _explicit(argv, "--thunder-variant") else None,

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from thunder_sgl.backends.parse import RankLoad
+    from thunder_sgl.backends.parse import RankLoad, TierReading
 
 
 class AdmissionLevel(Protocol):
@@ -104,8 +104,13 @@ class Live:
     the goodput rule fits the decode iteration time on the batch size from their differences."""
     reports_busy: bool = False
     """The engine reports those counters (SGLang 0.5.23 does; older versions do not)."""
+    tier: TierReading | None = None
+    """The HiCache reading of ``/metrics`` (None: no HiCache, or not read yet)."""
+    host_stale_since: tuple[int, int] | None = None
+    """Set by ``flushed``: (prefill tokens, decode iterations) at the flush; while the engine's
+    counters still show these, its host-used gauge is stale."""
 
-    def read(self, r: RankLoad, now: float, host: tuple[int, int] | None = None) -> None:
+    def read(self, r: RankLoad, now: float, host: TierReading | None = None) -> None:
         """Take one rank's ``/v1/loads`` entry (and its host-tier gauges) as read at ``now``."""
         self.used_tokens, self.running_reqs, self.waiting_reqs = r.used_tokens, r.running_reqs, r.waiting_reqs
         self.token_usage, self.cache_hit_rate, self.retracted_reqs = r.token_usage, r.cache_hit_rate, r.retracted_reqs
@@ -115,8 +120,23 @@ class Live:
         self.decode_moments = None if dm is None else (dm.n, dm.sum_b, dm.sum_t_us / 1e6, dm.sum_b2, dm.sum_bt / 1e6)
         self.reports_busy = self.reports_busy or r.prefill_busy_s_total > 0 or r.decode is not None
         if host is not None:
-            self.host_used_tokens = host[1]
+            self.tier = host
+            batches = (r.prefill_tokens_total, int(dm.n) if dm is not None else 0)
+            if self.host_stale_since is not None and batches == self.host_stale_since:
+                self.host_used_tokens = 0  # flushed, and no batch ran since: the gauge is stale
+            else:
+                self.host_stale_since = None
+                self.host_used_tokens = host.host_used_tokens
         self.updated_at = now
+
+    def flushed(self) -> None:
+        """The engine's device and host tiers were flushed (``/flush_cache``; storage stays).
+        SGLang refreshes ``hicache_host_used_tokens`` only on its next batch, so until the
+        engine's prefill or decode counters move, the host tier reads as empty."""
+        self.used_tokens = 0
+        self.host_used_tokens = 0
+        dm = self.decode_moments
+        self.host_stale_since = (self.prefill_tokens_total, int(dm[0]) if dm is not None else 0)
 
 
 TOOL_BINS = tuple(0.05 * 1.5 ** i for i in range(30))

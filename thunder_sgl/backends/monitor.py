@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
@@ -30,7 +31,9 @@ import orjson
 from thunder_sgl.backends.backend import Backend, PendingWeights
 from thunder_sgl.backends.parse import (
     ParseError,
+    TierReading,
     WorkerInfo,
+    cached_tokens_by_source,
     host_tier_by_rank,
     parse_loads,
     parse_prometheus,
@@ -56,6 +59,9 @@ class Worker:
     oks: int = 0
     last_error: str | None = None
     metrics_supported: bool = True
+    cached_by_source: dict[str, int] = field(default_factory=dict)
+    """``sglang:cached_tokens_total`` by ``cache_source`` (device, host, storage): prompt tokens
+    the engine served from each tier since it started (HiCache only; no rank label)."""
     task: asyncio.Task[None] | None = None
     model_id_override: str | None = None
     """``model_id`` of the ``POST /workers`` body (sglang_router's), shown instead of the model path."""
@@ -129,6 +135,7 @@ class Worker:
                     "storage_tokens": b.tiers.storage_tokens,
                     "used_tokens": b.live.used_tokens,
                     "host_used_tokens": b.live.host_used_tokens,
+                    "hicache": _hicache_view(b, self.info, self.cached_by_source) if self.info and self.info.hicache else None,
                     "running_reqs": b.live.running_reqs,
                     "waiting_reqs": b.live.waiting_reqs,
                     "inflight": b.inflight,
@@ -138,6 +145,24 @@ class Worker:
                 for b in self.backends
             ],
         }
+
+
+def _hicache_view(b: Backend, info: WorkerInfo, cached_by_source: dict[str, int]) -> dict[str, Any]:
+    """A backend's HiCache tiers as ``GET /workers`` shows them: configuration, the engine's
+    gauges and counters (``parse.TierReading``) and the per-tier hits of the whole worker."""
+    t = b.live.tier
+    return {
+        "write_policy": info.write_policy,
+        "storage_backend": info.storage_backend,
+        "host_inclusive": b.tiers.host_inclusive,
+        "kv_bytes_per_token": b.tiers.kv_bytes_per_token or None,
+        "host_used_stale": b.live.host_stale_since is not None,
+        "backup_tokens": t.backup_tokens if t else 0,
+        "load_back_tokens": t.load_back_tokens if t else 0,
+        "storage_backup_tokens": t.storage_backup_tokens if t else 0,
+        "storage_prefetch_tokens": t.storage_prefetch_tokens if t else 0,
+        "cached_tokens_by_source": dict(cached_by_source),
+    }
 
 
 class Monitor:
@@ -161,7 +186,9 @@ class Monitor:
         self.on_backends = on_backends
         self.on_remove = on_remove
         self.on_health = on_health
-        self.headers = headers or {}
+        # The router's session does not decompress (the proxy passes bodies through as they are),
+        # and SGLang gzips /metrics for a client that accepts it: the monitor asks for identity.
+        self.headers = {**(headers or {}), "Accept-Encoding": "identity"}
         self.clock = clock
         self.workers: dict[str, Worker] = {}
 
@@ -236,7 +263,10 @@ class Monitor:
     async def _get(self, w: Worker, path: str) -> tuple[int, bytes]:
         timeout = aiohttp.ClientTimeout(total=self.cfg.request_timeout_seconds)
         async with self.session.get(w.url + path, headers=self.headers, timeout=timeout) as r:
-            return r.status, await r.read()
+            body = await r.read()
+            if r.headers.get("Content-Encoding", "").lower() == "gzip":  # sent despite identity
+                body = gzip.decompress(body)
+            return r.status, body
 
     async def _get_json(self, w: Worker, *paths: str) -> Any:
         for path in paths:
@@ -250,6 +280,8 @@ class Monitor:
 
     async def _register(self, w: Worker) -> None:
         info = parse_server_info(await self._get_json(w, "/server_info", "/get_server_info"))
+        if info.hicache and info.storage_backend and info.storage_tokens == 0 and self.cfg.storage_tokens > 0:
+            info = replace(info, storage_tokens=self.cfg.storage_tokens)  # SGLang reports no capacity
         try:
             w.model_info = await self._get_json(w, "/model_info", "/get_model_info")
         except (ParseError, aiohttp.ClientError, ValueError):
@@ -269,11 +301,14 @@ class Monitor:
         """One reading of /v1/loads (+ /metrics); updates health and live numbers."""
         try:
             loads = parse_loads(await self._get_json(w, "/v1/loads?include=core,queues"))
-            host: dict[int, tuple[int, int]] = {}
+            host: dict[int, TierReading] = {}
             if w.metrics_supported:
                 status, body = await self._get(w, "/metrics")
                 if status == 200:
-                    host = host_tier_by_rank(parse_prometheus(body.decode(errors="replace")))
+                    samples = parse_prometheus(body.decode(errors="replace"))
+                    host = host_tier_by_rank(samples)
+                    if host:
+                        w.cached_by_source = cached_tokens_by_source(samples)
                 elif status == 404:
                     w.metrics_supported = False  # worker runs without --enable-metrics
         except asyncio.CancelledError:
@@ -293,7 +328,9 @@ class Monitor:
             b = w.backends[r.dp_rank]
             h = host.get(r.dp_rank)
             if h is not None:
-                b.tiers.host_tokens = h[0]
+                b.tiers.host_tokens = h.host_total_tokens  # the engine's own figure (pages rounded)
+                if b.tiers.kv_bytes_per_token == 0:
+                    b.tiers.kv_bytes_per_token = h.kv_bytes_per_token
             b.live.read(r, now, h)
         w.fails = 0
         w.oks += 1

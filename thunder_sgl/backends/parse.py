@@ -29,7 +29,12 @@ class WorkerInfo:
     write_policy: str = "write_through"
     storage_backend: str | None = None
     storage_tokens: int = 0
+    """Storage tier capacity: SGLang 0.5.23 reports none (a file tier is bounded by its disk);
+    our simulator reports ``hicache_storage_capacity_tokens``; otherwise the router's
+    ``monitor.storage_tokens`` (``Monitor._register``)."""
     kv_bytes_per_token: int = 0
+    """Not in SGLang's /server_info either: derived from the HiCache backup counters
+    (``TierReading.kv_bytes_per_token``) once a backup ran."""
     session_radix_cache: bool = False
     """``--enable-session-radix-cache``: requests with a ``session_id`` reference their KV,
     eviction takes unreferenced KV first, ``/close_session`` dereferences it."""
@@ -215,8 +220,60 @@ def metric_by_rank(samples: Samples, name: str) -> dict[int, float]:
     return out
 
 
-def host_tier_by_rank(samples: Samples) -> dict[int, tuple[int, int]]:
-    """HiCache host tier per DP rank: (total tokens, used tokens); empty without HiCache."""
+@dataclass(frozen=True)
+class TierReading:
+    """One DP rank's HiCache figures from ``/metrics`` (SGLang 0.5.23 names; a real server's
+    texts are in tests/data/sglang-0.5.23-cpu-hicache-metrics-*.txt).
+
+    ``host_used_tokens`` (``sglang:hicache_host_used_tokens``) is a gauge SGLang refreshes only
+    when a batch runs: right after ``/flush_cache`` it still shows the old value (``Live``
+    discounts it). The counters are totals since the server started."""
+
+    host_total_tokens: int
+    host_used_tokens: int
+    backup_tokens: int = 0
+    """``sglang:hicache_backup_tokens_total``: tokens written device → host."""
+    backup_bytes: int = 0
+    load_back_tokens: int = 0
+    """``sglang:load_back_tokens_total``: tokens loaded host → device (a host or storage hit)."""
+    storage_backup_tokens: int = 0
+    """``sglang:backuped_tokens_total``: tokens written host → storage."""
+    storage_prefetch_tokens: int = 0
+    """``sglang:prefetched_tokens_total``: tokens read storage → host."""
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes per token of the rank, from the backup counters (0 until a backup ran):
+        SGLang reports no such figure in /server_info."""
+        return self.backup_bytes // self.backup_tokens if self.backup_tokens > 0 else 0
+
+
+def host_tier_by_rank(samples: Samples) -> dict[int, TierReading]:
+    """HiCache tiers per DP rank; empty without HiCache. SGLang labels the host gauges with no
+    ``dp_rank`` (rank 0 then) and the counters with it."""
     total = metric_by_rank(samples, "sglang:hicache_host_total_tokens")
     used = metric_by_rank(samples, "sglang:hicache_host_used_tokens")
-    return {r: (int(total[r]), int(used.get(r, 0))) for r in total}
+
+    def counter(name: str, r: int) -> int:
+        return int(sum(v for labels, v in samples.get(name, []) if int(labels.get("dp_rank", "0") or 0) == r))
+
+    return {r: TierReading(int(total[r]), int(used.get(r, 0)),
+                           backup_tokens=counter("sglang:hicache_backup_tokens_total", r),
+                           backup_bytes=counter("sglang:hicache_backup_bytes_total", r),
+                           load_back_tokens=counter("sglang:load_back_tokens_total", r),
+                           storage_backup_tokens=counter("sglang:backuped_tokens_total", r),
+                           storage_prefetch_tokens=counter("sglang:prefetched_tokens_total", r))
+            for r in total}
+
+
+CACHE_SOURCES = ("device", "host", "storage")
+
+
+def cached_tokens_by_source(samples: Samples) -> dict[str, int]:
+    """``sglang:cached_tokens_total{cache_source}``: prompt tokens served from each tier since
+    the server started, summed over the server (SGLang gives this counter no rank label)."""
+    out = dict.fromkeys(CACHE_SOURCES, 0)
+    for labels, v in samples.get("sglang:cached_tokens_total", []):
+        src = labels.get("cache_source", "device")
+        out[src] = out.get(src, 0) + int(v)
+    return out

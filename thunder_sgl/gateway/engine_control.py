@@ -31,7 +31,8 @@ windows (``thunder_sgl.control.windows``).
   released through the router, with those tags — a real SGLang server crashes on a resume of
   a tag it never released, and on a release while requests run, so both are refused (409)
   before any worker is called.
-- ``flush``: healthy workers; a worker that flushed resets the accounting of its programs.
+- ``flush``: healthy workers; a worker that flushed resets the accounting of its programs,
+  except where it has a HiCache storage tier, which ``/flush_cache`` leaves as it is.
 - ``begin_sync`` / ``end_sync``: SkyRL's ``/weight_sync/begin`` and ``/end``; no worker is called.
 
 A summary names every worker's answer. Its status: 200 when all succeeded, the workers' 4xx
@@ -331,11 +332,23 @@ class EngineControl:
         urls = [w.url for w in self.gw.monitor.healthy_workers()]
         path = "/flush_cache" + (f"?{query}" if query else "")
         fan = await self.gw.workers.fan_out(urls, "POST", path, None, FLUSH_TIMEOUT_S)
+        kept: list[str] = []
         if fan.ok:
-            self._reset([r.worker for r in fan.ok], self.gw.clock())
+            flushed = {r.worker for r in fan.ok}
+            workers = [w for w in self.gw.monitor.workers.values() if w.url in flushed]
+            for w in workers:
+                for b in w.backends:
+                    b.live.flushed()  # device and host emptied; SGLang's host gauge lags a batch
+            # /flush_cache empties the device and host tiers, not the storage tier: a program whose
+            # worker has one keeps its KV there (its next request loads it back), so its accounting
+            # stays; elsewhere its KV is gone.
+            kept = sorted(w.url for w in workers if w.info is not None and w.info.hicache and w.info.storage_backend)
+            self._reset(sorted(flushed - set(kept)), self.gw.clock())
+            if kept:
+                log.info("flushed %d worker(s) with a storage tier: their programs' KV stays there", len(kept))
         failed = [{"worker": r.worker, "status": r.status, "message": r.message} for r in fan.failed]
         return {"status": "success" if not failed else "partial", "workers_flushed": len(fan.ok),
-                "total_http_workers": len(urls), "failed": failed}, 200 if not failed else 502
+                "total_http_workers": len(urls), "failed": failed, "storage_kept": kept}, 200 if not failed else 502
 
     # ---- helpers --------------------------------------------------------------------------
     def _targets(self) -> list[str]:

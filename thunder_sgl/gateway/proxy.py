@@ -40,7 +40,12 @@ from thunder_sgl.gateway.inbound import PATHS, Inbound
 from thunder_sgl.gateway.sse import Last, SSEResponse
 from thunder_sgl.gateway.upstream import Pool, UpstreamBodyError, UpstreamConnectError
 from thunder_sgl.gateway.upstream import Response as UpstreamResponse
-from thunder_sgl.gateway.usage import SSETap, usage_from_body, usage_from_openai
+from thunder_sgl.gateway.usage import (
+    SSETap,
+    usage_from_body,
+    usage_from_generate,
+    usage_from_openai,
+)
 from thunder_sgl.programs import Usage
 
 log = logging.getLogger("thunder_sgl.proxy")
@@ -90,6 +95,9 @@ class Exchange:
     rid: str
     """The rid of the attempt now with the worker (the one an abort names)."""
     disconnected: Disconnected
+    strip_tiers: bool = False
+    """The router asked the worker for the per-tier cached tokens (a HiCache worker) and the
+    client did not: SGLang's ``sglext`` is read for the program table, not passed on."""
 
 
 class Proxy:
@@ -135,10 +143,14 @@ class Proxy:
             opts = dict(body.get("stream_options") or {})
             opts["include_usage"] = True
             body["stream_options"] = opts
+        strip = False
+        if t.backend is not None and t.backend.tiers.host_tokens > 0 and "return_cached_tokens_details" not in body:
+            body["return_cached_tokens_details"] = True  # per-tier hits for the program table
+            strip = inbound.route != "generate"  # /generate's meta_info has the field anyway
         headers = {**self.headers, **extra_headers}
         if t.program_id:
             headers["X-SMG-Routing-Key"] = t.program_id
-        return Exchange(inbound, t, PATHS[inbound.route], orjson.dumps(body), headers, rid, disconnected)
+        return Exchange(inbound, t, PATHS[inbound.route], orjson.dumps(body), headers, rid, disconnected, strip)
 
     async def _open(self, x: Exchange, disconnected: Disconnected | None) -> UpstreamResponse:
         """POST to the ticket's backend; on a failure before the worker's status line, fail
@@ -214,14 +226,17 @@ class Proxy:
                 self.errors.labels(f"http_{status}").inc()
                 raise UpstreamError(f"worker answered {status}: {data[:500].decode(errors='replace')}", code=f"upstream_{status}")
             return Response(openai_shaped(data, status), status_code=status, media_type="application/json")
-        if t.conversation_id is None:
+        if t.conversation_id is None and not x.strip_tiers:
             self.finish(t, usage_from_body(x.inbound.route, data))
-        else:  # a tracked conversation: its answer extends it (``conversations``)
+        else:  # a tracked conversation (its answer extends it, ``conversations``), or sglext to strip
             try:
                 obj = orjson.loads(data)
             except orjson.JSONDecodeError:
                 obj = None
-            self.finish(t, usage_from_openai(obj), answer_message(obj))
+            usage = usage_from_generate(obj) if x.inbound.route == "generate" else usage_from_openai(obj)
+            if x.strip_tiers and isinstance(obj, dict) and obj.pop("sglext", None) is not None:
+                data = orjson.dumps(obj)
+            self.finish(t, usage, answer_message(obj) if t.conversation_id is not None else None)
         return Response(data, status_code=200, media_type=resp.content_type)
 
     async def _relay(self, x: Exchange, resp: UpstreamResponse) -> AsyncIterator[bytes]:
@@ -233,7 +248,7 @@ class Proxy:
         (``_open``)."""
         t, inbound = x.ticket, x.inbound
         collect = t.conversation_id is not None
-        tap = SSETap(inbound.route, inbound.include_usage, collect)
+        tap = SSETap(inbound.route, inbound.include_usage, collect, x.strip_tiers)
         sent = False
         ok = False
         live = True  # the worker may still be generating the current attempt: abort it if we stop
@@ -271,7 +286,7 @@ class Proxy:
                 live = False
                 x.rid = f"{first_rid}-retry{attempt}"
                 x.payload = _with_rid(x.payload, x.rid)
-                tap = SSETap(inbound.route, inbound.include_usage, collect)  # forget a partial event of the broken stream
+                tap = SSETap(inbound.route, inbound.include_usage, collect, x.strip_tiers)  # forget a partial event of the broken stream
                 try:
                     resp = await self._open(x, None)
                 except ThunderError as e:

@@ -47,6 +47,9 @@ def describe(p: Program, now: float, wall_offset: float, sandboxes: dict[str, An
         "last_tool_seconds": round(p.last_tool_seconds, 3),
         "longest_tool_seconds": round(p.max_tool_seconds, 3),
         "tokens": {"prompt": p.prompt_tokens_total, "cached": p.cached_tokens_total,
+                   "cached_by_tier": {"device": max(0, p.cached_tokens_total - p.cached_host_tokens_total
+                                                    - p.cached_storage_tokens_total),
+                                      "host": p.cached_host_tokens_total, "storage": p.cached_storage_tokens_total},
                    "completion": p.completion_tokens_total},
         "created_at": p.created_at + wall_offset,
         "last_active_at": p.last_active + wall_offset,

@@ -78,9 +78,13 @@ class SSETap:
     message (``answer``; every event is parsed then), for a program inferred from its messages.
     """
 
-    def __init__(self, route: str, client_wants_usage: bool, collect: bool = False) -> None:
+    def __init__(self, route: str, client_wants_usage: bool, collect: bool = False, drop_tiers: bool = False) -> None:
         self.route = route
         self.keep_usage = client_wants_usage or route == "generate"
+        self.drop_tiers = drop_tiers
+        """The router asked for ``return_cached_tokens_details``, the client did not: SGLang's
+        ``sglext`` chunk (``choices: []``, ``usage: null``) is read and not passed on."""
+        self._tiers: tuple[int, int] | None = None
         self.answer = StreamAnswer() if collect and route == "chat" else None
         self.usage: Usage | None = None
         self.done = False
@@ -143,6 +147,17 @@ class SSETap:
         u = usage_from_openai(obj)
         if u is not None:
             self.usage = u
+        ext = obj.get("sglext")
+        if isinstance(ext, dict):  # SGLang streams the per-tier split in a chunk of its own
+            self._tiers = _tiers(ext.get("cached_tokens_details"))
+        if self._tiers is not None and self.usage is not None:
+            self.usage.cached_host_tokens, self.usage.cached_storage_tokens = self._tiers
+        if self.drop_tiers and ext is not None:
+            if not obj.get("choices") and obj.get("usage") is None:
+                return None
+            obj.pop("sglext")
+            if self.keep_usage or obj.get("usage") is None:
+                return b"data: " + orjson.dumps(obj)
         if self.keep_usage or obj.get("usage") is None:
             return event
         if not obj.get("choices"):

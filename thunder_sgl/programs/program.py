@@ -109,6 +109,10 @@ class Program:
     tool_running: int = 0
     prompt_tokens_total: int = 0
     cached_tokens_total: int = 0
+    cached_host_tokens_total: int = 0
+    """Of ``cached_tokens_total``, loaded back from the HiCache host tier (engines that say)."""
+    cached_storage_tokens_total: int = 0
+    """Of ``cached_tokens_total``, loaded back from the HiCache storage tier."""
     completion_tokens_total: int = 0
     pauses: int = 0
     restores: int = 0
@@ -203,6 +207,8 @@ class Program:
             self.context_tokens = usage.prompt_tokens + usage.completion_tokens
             self.prompt_tokens_total += usage.prompt_tokens
             self.cached_tokens_total += usage.cached_tokens
+            self.cached_host_tokens_total += usage.cached_host_tokens
+            self.cached_storage_tokens_total += usage.cached_storage_tokens
             self.completion_tokens_total += usage.completion_tokens
             self.expected_output_tokens = ema(self.expected_output_tokens, float(usage.completion_tokens), alpha)
         if self.in_flight == 0:

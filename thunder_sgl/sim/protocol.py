@@ -257,7 +257,8 @@ def stream_delta(p: Parsed, text: str, cfg: SimConfig, first: bool = False) -> d
 
 
 def stream_final(p: Parsed, ev: Completion, cfg: SimConfig) -> list[dict[str, Any]]:
-    """The finish chunk, then the usage chunk when include_usage was asked."""
+    """The finish chunk, then the ``sglext`` chunk when the details were asked, then the usage
+    chunk when include_usage was asked (tests/data/sglang-0.5.23-cpu-hicache-chat-stream.sse)."""
     fin = stream_delta(p, "", cfg)
     choice = fin["choices"][0]
     choice["finish_reason"] = finish_reason(ev)
@@ -265,12 +266,16 @@ def stream_final(p: Parsed, ev: Completion, cfg: SimConfig) -> list[dict[str, An
     if p.kind == "chat":
         choice["delta"] = {}
     out = [fin]
+    if p.details:  # SGLang 0.5.23 sends the per-tier split in a chunk of its own, asked usage or not
+        x = stream_delta(p, "", cfg)
+        x["choices"] = []
+        x["usage"] = None
+        x["sglext"] = {"cached_tokens_details": _details(ev, cfg)}
+        out.append(x)
     if p.include_usage:
         u = stream_delta(p, "", cfg)
         u["choices"] = []
         u["usage"] = usage(ev, cfg)
-        if p.details:
-            u["sglext"] = {"cached_tokens_details": _details(ev, cfg)}
         out.append(u)
     return out
 

@@ -73,7 +73,8 @@ def test_loads_per_rank_with_queues():
 
 def test_prometheus_text_host_tier_gauges_by_rank():
     samples = parse_prometheus((DATA / "sglang_metrics_hicache.txt").read_text())
-    assert host_tier_by_rank(samples) == {0: (2099968, 1500000), 1: (2099968, 64)}
+    assert {r: (t.host_total_tokens, t.host_used_tokens) for r, t in host_tier_by_rank(samples).items()} == \
+        {0: (2099968, 1500000), 1: (2099968, 64)}
     assert metric_by_rank(samples, "sglang:num_used_tokens") == {0: 812345.0, 1: 1200.0}
     assert "sglang:cache_hit_rate" not in samples  # NaN samples are skipped
     cached = {lb["cache_source"]: v for lb, v in samples["sglang:cached_tokens_total"]}

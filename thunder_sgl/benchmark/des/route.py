@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 from thunder_sgl.backends.backend import Backend
 from thunder_sgl.backends.parse import (
+    TierReading,
     host_tier_by_rank,
     parse_loads,
     parse_prometheus,
@@ -162,7 +163,7 @@ class ThunderRouter:
         self.next_poll = now + self.cfg.monitor.poll_interval_seconds
         for i, bs in enumerate(self.backends):
             w = self.read(i, now)
-            host: dict[int, tuple[int, int]] = {}
+            host: dict[int, TierReading] = {}
             if self.hicache[i]:
                 # the monitor parses all of /metrics; only these gauges feed host_tier_by_rank
                 text = "\n".join(ln for ln in w.metrics_text().splitlines() if ln.startswith("sglang:hicache_host"))
@@ -173,7 +174,7 @@ class ThunderRouter:
                 b = bs[r.dp_rank]
                 h = host.get(r.dp_rank)
                 if h is not None:
-                    b.tiers.host_tokens = h[0]
+                    b.tiers.host_tokens = h.host_total_tokens
                 b.live.read(r, now, h)
 
     # ---- end of run ---------------------------------------------------------------------
