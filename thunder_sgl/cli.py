@@ -91,6 +91,10 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=d.model, help="real mode: model size of the engines")
     p.add_argument("--max-total-tokens", type=int, default=d.max_total_tokens, help="real mode: KV pool of each engine")
     p.add_argument("--engine-threads", type=int, default=None, help="real mode: torch threads of each engine (default: all cores)")
+    p.add_argument("--hicache-ratio", type=float, default=None,
+                   help="real mode: SGLang's real HiCache on every engine, host tier R x the KV pool (R > 1)")
+    p.add_argument("--hicache-write-policy", choices=("write_through", "write_back"), default="write_through",
+                   help="real mode with --hicache-ratio: the write policy")
     p.add_argument("--name", default="", help="results directory name (default: <profile>-<cluster>-<nodes>n-<mode>)")
     p.add_argument("--out", type=Path, default=d.out, help="parent of the results directory")
     p.add_argument("--sample-every", type=float, default=d.sample_every_s, help="per-node memory sampling, simulated seconds")
@@ -152,6 +156,7 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
                          mode=args.mode, name=args.name, out=args.out, sample_every_s=args.sample_every,
                          router_args=router_args, model=args.model,  # type: ignore[arg-type]
                          max_total_tokens=args.max_total_tokens, engine_threads=args.engine_threads,
+                         hicache_ratio=args.hicache_ratio, hicache_write_policy=args.hicache_write_policy,
                          rollout=rollout)
     except ValueError as e:
         print(f"thunder-sgl bench: {e}", file=sys.stderr)

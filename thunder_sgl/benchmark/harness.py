@@ -95,6 +95,11 @@ class BenchSpec:
     """Real mode: KV pool of each engine in tokens."""
     engine_threads: int | None = None
     """Real mode: torch threads of each engine (None: all cores)."""
+    hicache_ratio: float | None = None
+    """Real mode: SGLang's real HiCache host tier of this many × the KV pool on every engine
+    (``engine serve --hicache-ratio``); None: off."""
+    hicache_write_policy: str = "write_through"
+    """Real mode with HiCache: its write policy."""
     rollout: RolloutSpec | None = None
     """An RL rollout instead of the closed loop (``rollout.spec``). Sync: ``programs`` is the
     batch (tasks × group size), ``duration_s`` a cap on the simulated time, no warm-up."""
@@ -116,6 +121,8 @@ class BenchSpec:
                              "the scheduler with the program ids")
         if self.mode == "real" and self.time_scale != 1.0:
             raise ValueError("real mode runs in real time: --time-scale must be 1")
+        if self.hicache_ratio is not None and (self.mode != "real" or not self.hicache_ratio > 1.0):
+            raise ValueError("--hicache-ratio is for real mode (simulated clusters name a -hicache config) and must be > 1")
         if self.rollout is not None and self.rollout.mode == "sync" and (
                 self.programs != (self.rollout.batch_programs,) or self.warmup_s):
             raise ValueError("a sync rollout runs batches of tasks x group size programs from t = 0: "
@@ -126,7 +133,7 @@ class BenchSpec:
         if self.mode == "real":
             from thunder_sgl.benchmark.drivers.real_mode import cluster_name
 
-            return cluster_name(self.model)
+            return cluster_name(self.model, self.hicache_ratio)
         return Path(self.cluster).stem if self.cluster.endswith((".yaml", ".yml")) else self.cluster
 
     @property
@@ -136,14 +143,17 @@ class BenchSpec:
         when every engine runs one torch thread, if it exists)."""
         if self.mode != "real":
             return self.cluster
+        from thunder_sgl.benchmark.drivers.real_mode import cluster_name
+
+        base = cluster_name(self.model)  # with HiCache too: the bound is then the device pool's
         if self.engine_threads == 1:
             from thunder_sgl.config import ConfigError, resolve_config_path
 
             try:
-                return str(resolve_config_path(f"{self.cluster_name}-t1", "sim").stem)
+                return str(resolve_config_path(f"{base}-t1", "sim").stem)
             except ConfigError:  # no 1-thread config: the default one
                 pass
-        return self.cluster_name
+        return base
 
     @property
     def results_name(self) -> str:
@@ -228,9 +238,11 @@ class _HttpRunner:
         self.cluster: HttpCluster | RealCluster
         if spec.mode == "real":
             from thunder_sgl.benchmark.drivers.real_mode import RealCluster
+            from thunder_sgl.engine.serve import HiCacheOptions
 
+            hicache = HiCacheOptions(spec.hicache_ratio, spec.hicache_write_policy) if spec.hicache_ratio else None
             self.cluster = RealCluster(spec.nodes, spec.model, spec.max_total_tokens, self.tmp,
-                                       threads=spec.engine_threads)
+                                       threads=spec.engine_threads, hicache=hicache)
         else:
             self.cluster = HttpCluster(spec.cluster, spec.nodes, spec.time_scale, spec.seed, self.tmp)
         self.timing_config = ""

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import aiohttp
 import psutil
 
-from thunder_sgl.backends.parse import parse_prometheus
+from thunder_sgl.backends.parse import cached_tokens_by_source, host_tier_by_rank, parse_prometheus
 from thunder_sgl.benchmark.drivers.closed_loop import run_workload
 from thunder_sgl.benchmark.drivers.peers import start_sim, start_stock, start_thunder
 from thunder_sgl.benchmark.drivers.sampler import NodeSampler, clean_cluster, loads, scrape
@@ -351,6 +351,7 @@ def _fill(r: RunResult, plan: RunPlan, work: WorkloadResult, warm: _Scrape, end:
     r.recompute_tokens = recompute_tokens(work.steps, work.warmup_s, work.wall_s)
     r.node_imbalance_mean, r.node_imbalance_max = imbalance(samples, plan.warmup_s)
     r.engine_busy = engine_busy(warm.loads, end.loads, (end.wall - warm.wall) * scale)
+    _tier_delta(r, warm, end)
     eb = engine_breakdown(warm.loads, end.loads)
     step = max(1, len(samples) // MAX_MEMORY_SAMPLES)
     r.memory = [(round(t, 2), [round(x, 4) for x in v]) for t, v in samples[::step]]
@@ -422,6 +423,23 @@ def _keep_steps(work: WorkloadResult, path: Path, engines: dict[str, float]) -> 
                                 "start_s": round(x.start_s, 4), "end_s": round(x.end_s, 4),
                                 "status": x.status, "error": x.error, "prompt": x.prompt_tokens,
                                 "cached": x.cached_tokens, "completion": x.completion_tokens}) + "\n")
+
+
+def _tier_delta(r: RunResult, warm: _Scrape, end: _Scrape) -> None:
+    """The HiCache split of the window from the engines' own counters (``/metrics``): cached
+    tokens by tier and tokens loaded back. Nothing without HiCache, or a reading missing."""
+    if not warm.workers or any(t is None for t in warm.workers + end.workers):
+        return
+    for a, b in zip(warm.workers, end.workers, strict=True):
+        sa, sb = parse_prometheus(a or ""), parse_prometheus(b or "")
+        ha, hb = host_tier_by_rank(sa), host_tier_by_rank(sb)
+        if not hb:
+            continue
+        ca, cb = cached_tokens_by_source(sa), cached_tokens_by_source(sb)
+        r.cached_device_tokens += cb["device"] - ca["device"]
+        r.cached_host_tokens += cb["host"] - ca["host"]
+        r.cached_storage_tokens += cb["storage"] - ca["storage"]
+        r.load_back_tokens += sum(t.load_back_tokens for t in hb.values()) - sum(t.load_back_tokens for t in ha.values())
 
 
 def _engine_delta(warm: _Scrape, end: _Scrape) -> Histogram | None:

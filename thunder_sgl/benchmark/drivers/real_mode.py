@@ -1,7 +1,8 @@
 """Real mode of the harness: the same runs as HTTP mode, on real SGLang CPU servers.
 
 The engines (``thunder_sgl.engine``) start once per sweep — ``--nodes`` servers with the
-sweep's model and KV pool, session radix cache on — and are made clean (idle, flushed, nothing
+sweep's model and KV pool, session radix cache on, and with ``--hicache-ratio R`` SGLang's real
+HiCache host tier (the CPU patches of ``engine/cpu_hicache``) for every router — and are made clean (idle, flushed, nothing
 used) before every run, exactly as the simulated cluster in HTTP mode. Time is real: the time
 scale is 1, warm-up and duration are wall seconds. A server that died is restarted.
 """
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from thunder_sgl.engine import EngineCluster, EngineEnv, EngineOptions, start_engines
+from thunder_sgl.engine.serve import HiCacheOptions
 
 
 @dataclass
@@ -22,6 +24,8 @@ class RealCluster:
     log_dir: Path
     seed: int = 0
     threads: int | None = None
+    hicache: HiCacheOptions | None = None
+    """SGLang's real HiCache on every engine (``engine serve --hicache-ratio``), for every router."""
     cluster: EngineCluster | None = None
 
     def ensure(self) -> EngineCluster:
@@ -30,7 +34,7 @@ class RealCluster:
                 self.cluster.stop()
             env = EngineEnv.locate()
             opts = EngineOptions(model=env.model(self.model, self.seed), max_total_tokens=self.max_total_tokens,
-                                 threads=self.threads)
+                                 threads=self.threads, hicache=self.hicache)
             self.cluster = start_engines(self.nodes, opts, env, self.log_dir / "engines")
         return self.cluster
 
@@ -43,6 +47,7 @@ class RealCluster:
             self.cluster = None
 
 
-def cluster_name(model: str) -> str:
-    """Name of a real cluster in results, and of the simulator config calibrated against it."""
-    return f"sglang-cpu-gpt2-{model}"
+def cluster_name(model: str, hicache_ratio: float | None = None) -> str:
+    """Name of a real cluster in results, and of the simulator config calibrated against it
+    (with HiCache: ``-hicache<R>`` appended)."""
+    return f"sglang-cpu-gpt2-{model}" + (f"-hicache{hicache_ratio:g}" if hicache_ratio else "")

@@ -55,6 +55,16 @@ class RunResult:
     completion_tokens: int = 0
     recompute_tokens: int = 0
     """Prompt tokens prefilled that had been computed before for the same program."""
+    cached_host_tokens: int = 0
+    """Of the engines' cached prompt tokens in the window, those loaded back from the HiCache
+    host tier (the engines' ``sglang:cached_tokens_total{cache_source="host"}``; http and real
+    modes, 0 without HiCache)."""
+    cached_storage_tokens: int = 0
+    """The same from the HiCache storage tier."""
+    cached_device_tokens: int = 0
+    """The same from the device pool (engines with HiCache only)."""
+    load_back_tokens: int = 0
+    """Tokens the engines loaded host → device in the window (``sglang:load_back_tokens_total``)."""
     node_imbalance_mean: float = 0.0
     """Mean over time of max − min of per-node used/capacity (HBM)."""
     node_imbalance_max: float = 0.0

@@ -165,6 +165,25 @@ def _table(n: int, runs: list[RunResult]) -> list[str]:
             f"{r.program_completion_p50_s:.0f} / {r.program_completion_p99_s:.0f} | "
             f"{_held(r)} | {_errors(r)} |"
         )
+    return out + _tier_table(runs)
+
+
+def _tier_table(runs: list[RunResult]) -> list[str]:
+    """The HiCache split of the cache hits (engines' own counters), when any run has one."""
+    if not any(r.cached_host_tokens or r.cached_storage_tokens or r.load_back_tokens or r.cached_device_tokens
+               for r in runs):
+        return []
+    out = ["", "KV hits by tier (the engines' `sglang:cached_tokens_total{cache_source}` over the window, "
+           "share of prompt tokens) and tokens loaded back host → device:", "",
+           "| router | device | host | storage | load-back tok | step p50 / p99 s |", "|---|---:|---:|---:|---:|---:|"]
+    by = {r.router: r for r in runs}
+    for name in router_order(by):
+        r = by[name]
+        if failed(r):
+            continue
+        out.append(f"| {name} | {_share(r.cached_device_tokens, r.prompt_tokens)} | "
+                   f"{_share(r.cached_host_tokens, r.prompt_tokens)} | {_share(r.cached_storage_tokens, r.prompt_tokens)} | "
+                   f"{_tokens(r.load_back_tokens)} | {r.step_latency_p50_s:.1f} / {r.step_latency_p99_s:.1f} |")
     return out
 
 
