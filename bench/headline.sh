@@ -13,6 +13,11 @@ thunder-sgl bench --mode des --cluster glm46-fp8-h100x8 --nodes 8 --programs 472
 thunder-sgl bench --mode des --cluster glm46-fp8-h100x8-hicache --nodes 8 --programs 472,944,1416 \
   --profile mini-swe-agent --routers $ROUTERS --duration 1200 --warmup 1800 --seed 1 \
   --name glm46-fp8-hicache-8n-des
+#     Rerun with the goodput default (bench/results/glm46-fp8-hicache-8n-des-goodput/), and the
+#     previous default beside it (--routers thunder-occupancy --name glm46-fp8-hicache-8n-des-occupancy):
+#       thunder-sgl bench --mode des --cluster glm46-fp8-h100x8-hicache --nodes 8 --programs 472,944,1416 \
+#         --profile mini-swe-agent --routers thunder,thunder-paper,sglang-cache_aware,sglang-round_robin,smg-cache_aware \
+#         --duration 1200 --warmup 1800 --seed 1 --name glm46-fp8-hicache-8n-des-goodput
 # (b) toolorchestra (heavy-tailed remote tools) with Qwen3-8B on one RTX 5090, as the paper's Fig. 4.
 thunder-sgl bench --mode des --cluster qwen3-8b-rtx5090 --nodes 1 --programs 24,32,48 \
   --profile toolorchestra --routers $ROUTERS --duration 1800 --warmup 900 --seed 1 \
