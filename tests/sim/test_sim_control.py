@@ -65,8 +65,12 @@ async def test_pause_abort_answers_every_request_with_abort_and_holds_new_ones(s
     late = sim.generate(5, "late")
     await asyncio.sleep(0.1)
     assert not late.done() and not sim.engine.reqs  # waits at the front door
+    async with sim.http.get("/ready") as r:  # SGLang's only sign of a pause (backends.pause)
+        assert r.status == 503
     assert (await post(sim, "/continue_generation"))[0] == 200
     assert (await late)["meta_info"]["completion_tokens"] == 5
+    async with sim.http.get("/ready") as r:
+        assert r.status == 200
 
 
 async def test_pause_in_place_keeps_requests_and_kv_then_resumes_them(sim: Sim) -> None:

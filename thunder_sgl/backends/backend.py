@@ -4,7 +4,8 @@ A backend has tier capacities in tokens — HBM (``max_total_num_tokens`` of the
 host memory and storage — reload bandwidths, live usage from the engine (``/v1/loads`` and
 ``/metrics``), health and the time of its last good reading. Stale readings, failing health and
 a failed weight update (``weights_pending``) make the backend *unavailable*: it counts as full
-and nothing is placed on it.
+and nothing is placed on it. An engine paused behind the router (``engine_paused``,
+``backends.pause``) stays available but frozen: its programs stay, nothing new is placed there.
 
 Pool size across tiers. With HiCache's default ``write_through`` policy every block on the
 device is also written to host memory, so the host tier is *inclusive*: the distinct tokens a
@@ -255,6 +256,12 @@ class Backend:
     weights_pending: PendingWeights | None = None
     """Set while the worker's last weight update through the router failed: not available
     (routed to like an unhealthy worker: nothing new placed, idle programs migrate)."""
+    engine_paused_since: float | None = None
+    """Set while the engine is paused behind the router and the router holds for it
+    (``backends.pause``): its programs keep their place and their requests are held, nothing
+    new is placed there, it stays healthy."""
+    engine_paused_s: float = 0.0
+    """Seconds the router held for this engine's pauses before ``engine_paused_since``."""
     admission: AdmissionLevel | None = None
     """The admission rule's state for this backend (``scheduler.goodput.AdmissionState``, or
     ``scheduler.occupancy.OccupancyState``; None until its first update). Written only from the
@@ -272,6 +279,26 @@ class Backend:
         if self.inflight == 0 and self.served.busy_since is not None:
             self.served.occupied_s += now - self.served.busy_since
             self.served.busy_since = None
+
+    @property
+    def engine_paused(self) -> bool:
+        """The engine is paused behind the router (``backends.pause``)."""
+        return self.engine_paused_since is not None
+
+    def engine_pause(self, now: float) -> None:
+        if self.engine_paused_since is None:
+            self.engine_paused_since = now
+
+    def engine_resume(self, now: float) -> None:
+        if self.engine_paused_since is not None:
+            self.engine_paused_s += max(0.0, now - self.engine_paused_since)
+            self.engine_paused_since = None
+
+    def paused_seconds(self, now: float) -> float:
+        """Seconds the engine has been held paused, in total up to ``now``: what a request
+        waiting on it does not count towards its timeouts."""
+        since = self.engine_paused_since
+        return self.engine_paused_s + (max(0.0, now - since) if since is not None else 0.0)
 
     @property
     def key(self) -> str:

@@ -11,6 +11,9 @@ polls bring it back. A connection refused on the request path marks it unhealthy
 A worker whose weight update through the router failed is out of routing too, whatever its
 health, until it reports the version expected (``Backend.weights_pending``, read with the
 weight version every ``version_poll_seconds``); ``GET /workers`` shows it per worker.
+After every good poll it reads ``/ready``: a worker paused behind the router (``/ready`` 503
+while ``/v1/loads`` answers; the rule and what the router does then: ``backends.pause``) is
+held, not failed — ``paused`` in ``GET /workers``.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from thunder_sgl.backends.parse import (
     parse_prometheus,
     parse_server_info,
 )
+from thunder_sgl.backends.pause import NOT_PAUSED, READY_PATH, EnginePause, judge
 from thunder_sgl.config import MonitorConfig
 
 log = logging.getLogger("thunder_sgl.monitor")
@@ -70,6 +74,13 @@ class Worker:
     labels: dict[str, str] = field(default_factory=dict)
     disable_health_check: bool = False
     """Shown as given (``worker_bodies``); thunder's scheduling does not use them."""
+    pause: EnginePause = NOT_PAUSED
+    """Paused behind the router, as ``backends.pause.judge`` last said (from ``/ready``)."""
+    ready_supported: bool = True
+    """False once ``/ready`` answered 404 (an SGLang without it): never judged paused."""
+    continued_at: float = float("-inf")
+    """When a ``/continue_generation`` through the router last succeeded on it (a ``/ready``
+    read before that is not judged)."""
 
     @property
     def weights_pending(self) -> PendingWeights | None:
@@ -107,7 +118,7 @@ class Worker:
             m["cost"] = str(self.cost)
         return m
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self, now: float) -> dict[str, Any]:
         """The item of ``GET /workers`` (sglang_router's shape, plus thunder fields)."""
         return {
             "id": self.id,
@@ -125,7 +136,9 @@ class Worker:
             "last_error": self.last_error,
             "tp_size": self.info.tp_size if self.info else None,
             "weights_pending": pending.describe() if (pending := self.weights_pending) is not None else None,
-            "routable": self.registered and self.healthy and pending is None,
+            "routable": self.registered and self.healthy and pending is None and not self.pause.holding,
+            "paused": self.pause.paused,
+            "pause": self.pause.describe(now) if self.pause.paused else None,
             "backends": [
                 {
                     "key": b.key,
@@ -140,6 +153,7 @@ class Worker:
                     "waiting_reqs": b.live.waiting_reqs,
                     "inflight": b.inflight,
                     "weight_version": b.weight_version,
+                    "engine_paused": b.engine_paused,
                     "admission": b.admission.view() if b.admission is not None else None,
                 }
                 for b in self.backends
@@ -176,11 +190,17 @@ class Monitor:
         clock: Callable[[], float] = time.monotonic,
         on_health: Callable[[Worker], None] | None = None,
         on_version: Callable[[Worker, str], None] | None = None,
+        on_pause: Callable[[Worker], None] | None = None,
+        pause_limit: float = float("inf"),
     ) -> None:
         """``on_health`` is told of every change of a worker's health (the scheduler acts on
         both: a worker back in service can take held requests at once); ``on_version`` of the
-        weight version read from ``/model_info`` every ``version_poll_seconds``."""
+        weight version read from ``/model_info`` every ``version_poll_seconds``; ``on_pause``
+        of every change of whether the router holds for a worker paused behind it
+        (``backends.pause``; ``pause_limit``: its watchdog, seconds)."""
         self.on_version = on_version
+        self.on_pause = on_pause
+        self.pause_limit = pause_limit
         self.cfg = cfg
         self.session = session
         self.on_backends = on_backends
@@ -334,6 +354,9 @@ class Monitor:
             b.live.read(r, now, h)
         w.fails = 0
         w.oks += 1
+        ready = await self._ready(w)
+        if w.continued_at < now:  # else a continue through the router came after this read
+            self._set_pause(w, judge(w.pause, ready, now, self.pause_limit), now)
         if self.on_version is not None and now - w.version_read_at >= self.cfg.version_poll_seconds:
             w.version_read_at = now
             await self._read_version(w)
@@ -352,6 +375,52 @@ class Monitor:
         v = info.get("weight_version") if isinstance(info, dict) else None
         if isinstance(v, str) and v and self.on_version is not None:
             self.on_version(w, v)
+
+    async def _ready(self, w: Worker) -> int | None:
+        """The status of the worker's ``/ready`` (None: not read; 404 once: never read again)."""
+        if not w.ready_supported:
+            return None
+        try:
+            status, _ = await self._get(w, READY_PATH)
+        except asyncio.CancelledError:
+            raise
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return None  # the loads poll judges health; paused or not is read next time
+        if status == 404:
+            w.ready_supported = False
+            log.info("worker %s serves no %s: an engine paused behind the router is not detected there",
+                     w.url, READY_PATH)
+            return None
+        return status
+
+    def continued(self, w: Worker) -> None:
+        """The worker answered a ``/continue_generation`` sent through the router: not paused
+        any more, without waiting for the next ``/ready``."""
+        w.continued_at = self.clock()
+        self._set_pause(w, NOT_PAUSED, w.continued_at)
+
+    def _set_pause(self, w: Worker, pause: EnginePause, now: float) -> None:
+        """Record the rule's judgement; a change of whether the router holds for the worker
+        goes to its backends and to ``on_pause``."""
+        old, w.pause = w.pause, pause
+        if old.holding == pause.holding:
+            return
+        for b in w.backends:
+            if pause.holding:
+                b.engine_pause(now)
+            else:
+                b.engine_resume(now)
+        if pause.holding:
+            log.warning("worker %s is paused (GET %s answers 503 while it answers its loads poll): its programs "
+                        "and their requests are held until it continues", w.url, READY_PATH)
+        elif pause.expired:
+            log.error("worker %s paused for more than %.0fs: the router stops holding for it (requests go to it "
+                      "and wait at its door while it stays paused)", w.url, self.pause_limit)
+        else:
+            log.warning("worker %s continues after %.1fs paused: its held requests go out", w.url,
+                        now - (old.since if old.since is not None else now))
+        if self.on_pause is not None:
+            self.on_pause(w)
 
     def _set_health(self, w: Worker, healthy: bool, reason: str | None) -> None:
         changed = w.healthy != healthy

@@ -23,6 +23,9 @@ Rules (design.md, "Program model" and "Scheduling model"):
   too — and every restore is held, never failed; time inside windows does not count towards
   the held timeout. When the engines drop their cached KV (``reset_kv``), the programs there
   go back to the global queue, so the scheduler refills the cluster in aging order.
+- While a backend's engine is paused behind the router (``Backend.engine_paused``, the rule in
+  ``backends.pause``), requests of its programs are held and its programs stay; the time it
+  is paused does not count towards their held timeout; ``engine_resumed`` lets them go.
 """
 
 from __future__ import annotations
@@ -130,13 +133,16 @@ class Controller:
         if cap != p.output_cap:
             p.output_cap = cap
         estimate = self._estimate(p, t)
-        if p.state is ProgramState.ACTIVE and not self.windows.holding and self._gate_open(p, estimate):
+        if p.state is ProgramState.ACTIVE and not self.windows.holding:
             b = self.backends.get(p.backend)  # type: ignore[arg-type]
-            if b is None or b.weights_pending is None:
-                return self._dispatch(t, p, now, estimate)
-            # its worker failed a weight update since the last tick: nothing goes there; the
-            # next tick evacuates the program and its request goes where it is placed
-            self._kick = True
+            if b is not None and b.engine_paused:
+                self.stats.engine_paused_held += 1  # held until the engine continues (engine_resumed)
+            elif self._gate_open(p, estimate):
+                if b is None or b.weights_pending is None:
+                    return self._dispatch(t, p, now, estimate)
+                # its worker failed a weight update since the last tick: nothing goes there; the
+                # next tick evacuates the program and its request goes where it is placed
+                self._kick = True
         self._hold(t, p, now, estimate)
         return None
 
@@ -349,6 +355,24 @@ class Controller:
         res.window_closed = closed
         return res
 
+    def engine_paused(self, backend_keys: Iterable[str], now: float) -> None:
+        """The engines of ``backend_keys`` were seen paused (``backends.pause``; the monitor
+        marked the backends): counted when no window of the router's own pause is open."""
+        if any(k in self.backends for k in backend_keys) and not self.windows.has(Reason.PAUSED):
+            self.stats.engine_pauses_seen += 1
+
+    def engine_resumed(self, backend_keys: Iterable[str], now: float) -> list[Ticket]:
+        """The engines of ``backend_keys`` continue (or their pause is no longer held for):
+        returns the held requests of their programs that go out now, oldest first as the HBM
+        condition allows; the others follow as room frees."""
+        out: list[Ticket] = []
+        for k in backend_keys:
+            b = self.backends.get(k)
+            if b is not None:
+                out.extend(self._drain_gated(b, now))
+        self._kick = True
+        return out
+
     def reset_kv(self, backend_keys: Iterable[str] | None, now: float) -> list[Program]:
         """The engines of ``backend_keys`` (None: every backend) dropped their cached KV —
         new weights, a flushed cache, released KV memory. Every program there is reset
@@ -459,13 +483,17 @@ class Controller:
                              retry_after=self.cfg.gateway.retry_after_seconds)
         p.hold(now, estimate)
         t.window_mark = self.windows.elapsed(now)
+        b = self.backends.get(p.backend) if p.backend is not None else None
+        if b is not None:
+            t.pause_mark = (b, b.paused_seconds(now))
         self._held.setdefault(p.id, deque()).append(t)
         self._held_count += 1
         self.stats.held += 1
         if self.windows.holding:
             self.stats.window_held += 1
         elif p.state is ProgramState.ACTIVE:
-            self.stats.gated += 1
+            if b is None or not b.engine_paused:
+                self.stats.gated += 1
         else:
             self._kick = True
 
@@ -520,7 +548,7 @@ class Controller:
     def _drain_gated(self, b: Backend, now: float) -> list[Ticket]:
         """Held tickets of active programs on ``b``, in the order and as far as the scheduler's
         gate lets them (``RequestGate.drain``: oldest first, while the HBM condition holds)."""
-        if not self._held or self.windows.holding:
+        if not self._held or self.windows.holding or b.engine_paused:
             return []
         held = [(p, self._estimate(p, self._held[p.id][0]), self._held[p.id][0].created)
                 for p in self.programs.on_backend(b.key) if p.held and not p.in_flight and p.id in self._held]
@@ -534,7 +562,11 @@ class Controller:
         in_windows = self.windows.elapsed(now)
         out = []
         for t in self.held_tickets():
-            if now - t.created - (in_windows - t.window_mark) > limit:
+            waited = now - t.created - (in_windows - t.window_mark)
+            if waited > limit and t.pause_mark is not None:
+                b, mark = t.pause_mark
+                waited -= b.paused_seconds(now) - mark  # its engine paused behind the router
+            if waited > limit:
                 self.cancel(t)
                 out.append(t)
         self.stats.expired += len(out)

@@ -51,6 +51,9 @@ class Ticket:
     None: it carries none."""
     window_mark: float = 0.0
     """``Windows.elapsed`` when the ticket was held: window time is not held time."""
+    pause_mark: tuple[Backend, float] | None = None
+    """Held for a program on a backend: it and its ``paused_seconds`` then (time its engine
+    was paused behind the router is not held time, ``backends.pause``)."""
     inferred: bool = False
     """The program id was inferred from the messages (``conversations``), not sent."""
     conversation: bytes | None = None
@@ -89,6 +92,11 @@ class Stats:
     """Programs whose cached KV the engines dropped (new weights, flushed cache)."""
     weight_changes_seen: int = 0
     """Engines whose weight version changed behind the router."""
+    engine_pauses_seen: int = 0
+    """Pauses of a worker seen behind the router (``/ready`` 503 with no window of the router's
+    own ``/pause_generation`` open)."""
+    engine_paused_held: int = 0
+    """Requests held because their program's engine was paused (``backends.pause``)."""
 
 
 @dataclass

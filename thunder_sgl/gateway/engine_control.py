@@ -97,6 +97,11 @@ class EngineControl:
         fan = await self.gw.workers.fan_out(self._targets(), "POST", "/continue_generation", body)
         if fan.ok:  # engines run again: held requests may go (a paused one still holds them)
             self._closed(self.windows.release(Reason.PAUSED, self.gw.clock()))
+        if self.gw.monitor is not None:  # what the monitor read of their /ready is over too
+            for r in fan.ok:
+                w = self.gw.monitor.find(r.worker)
+                if w is not None:
+                    self.gw.monitor.continued(w)
         return self._summary(fan, "Generation continued."), fan.status()
 
     # ---- weights --------------------------------------------------------------------------

@@ -94,6 +94,10 @@ class _StateCollector(Collector):
                                 value=self.gw.metrics.held_wait_max)
         yield GaugeMetricFamily("thunder_window_open", "1 while a weight-update window holds requests",
                                 value=1.0 if c.windows.holding else 0.0)
+        mon = self.gw.monitor
+        yield GaugeMetricFamily("thunder_workers_paused", "Workers paused now (GET /ready 503 while answering), "
+                                "their programs held", value=sum(1 for w in mon.workers.values() if w.pause.holding)
+                                if mon is not None else 0)
         s = c.stats
         for name, value, doc in (
             ("thunder_admissions", s.admissions, "New programs admitted"),
@@ -110,6 +114,10 @@ class _StateCollector(Collector):
             ("thunder_kv_resets", s.kv_resets, "Programs whose cached KV the engines dropped (new weights, flush)"),
             ("thunder_weight_changes_seen", s.weight_changes_seen,
              "Engines seen with new weights the router did not load (updated behind it)"),
+            ("thunder_engine_pauses_seen", s.engine_pauses_seen,
+             "Workers seen paused behind the router (GET /ready 503 with no pause through the router)"),
+            ("thunder_engine_paused_held", s.engine_paused_held,
+             "Requests held because their program's engine was paused"),
             ("thunder_windows_opened", c.windows.opened, "Weight-update windows opened"),
             ("thunder_windows_expired", c.windows.expired, "Weight-update windows closed by the watchdog"),
             ("thunder_usage_prompt_tokens", s.prompt_tokens, "Prompt tokens reported in usage"),
@@ -136,6 +144,8 @@ class _StateCollector(Collector):
         used = GaugeMetricFamily("thunder_backend_used_tokens", "Engine-reported used tokens per backend and tier",
                                  labels=["backend", "tier"])
         healthy = GaugeMetricFamily("thunder_backend_healthy", "1 when the backend is available", labels=["backend"])
+        paused = GaugeMetricFamily("thunder_backend_paused", "1 while the backend's engine is paused (its programs "
+                                   "held)", labels=["backend"])
         active = GaugeMetricFamily("thunder_backend_programs", "Active programs per backend", labels=["backend"])
         adm = {name: GaugeMetricFamily(f"thunder_admission_{name}", doc, labels=["backend"]) for name, doc in ADMISSION_GAUGES}
         probe = GaugeMetricFamily("thunder_admission_probe", "Admission probe under way: 1 up, -1 down, 0 none",
@@ -149,6 +159,7 @@ class _StateCollector(Collector):
             used.add_metric([b.key, "hbm"], b.live.used_tokens)
             used.add_metric([b.key, "host"], b.live.host_used_tokens)
             healthy.add_metric([b.key], 1.0 if b.available(self.gw.clock(), self.gw.cfg.monitor.stale_after_seconds) else 0.0)
+            paused.add_metric([b.key], 1.0 if b.engine_paused else 0.0)
             active.add_metric([b.key], len(c.programs.on_backend(b.key)))
             view = b.admission.view() if b.admission is not None else {}
             for name, _ in ADMISSION_GAUGES:
@@ -156,4 +167,4 @@ class _StateCollector(Collector):
                 if isinstance(v, (int, float)):
                     adm[name].add_metric([b.key], float(v))
             probe.add_metric([b.key], {"up": 1.0, "down": -1.0}.get(str(view.get("probe")), 0.0))
-        yield from (demand, cap, used, healthy, active, *adm.values(), probe)
+        yield from (demand, cap, used, healthy, paused, active, *adm.values(), probe)

@@ -81,6 +81,9 @@ class Runtime(Protocol):
         """Run a background task (an abort) whose failure is logged."""
         ...
 
+    clock: Callable[[], float]
+    """The runtime's clock (the one backends' pause times are read with)."""
+
 
 @dataclass(slots=True)
 class Exchange:
@@ -112,6 +115,7 @@ class Proxy:
         self.failover = runtime.failover
         self.finish = runtime.finish
         self.spawn = runtime.spawn
+        self.clock = runtime.clock
         self.pool = pool
         self.timeout = cfg.upstream_timeout_seconds
         self.retries = cfg.retries_before_first_byte
@@ -152,6 +156,21 @@ class Proxy:
             headers["X-SMG-Routing-Key"] = t.program_id
         return Exchange(inbound, t, PATHS[inbound.route], orjson.dumps(body), headers, rid, disconnected, strip)
 
+    def _grace(self, b: Backend) -> Callable[[], float]:
+        """What a request on ``b`` is granted when its upstream timeout runs out: the time the
+        engine was paused behind the router since it was sent (or last granted), at least a
+        second while it is still paused (``backends.pause``); 0 otherwise — it times out."""
+        clock = self.clock
+        mark = b.paused_seconds(clock())
+
+        def grace() -> float:
+            nonlocal mark
+            now_paused = b.paused_seconds(clock())
+            more, mark = now_paused - mark, now_paused
+            return max(more, 1.0) if b.engine_paused else more
+
+        return grace
+
     async def _open(self, x: Exchange, disconnected: Disconnected | None) -> UpstreamResponse:
         """POST to the ticket's backend; on a failure before the worker's status line, fail
         over and retry (held again meanwhile, ``disconnected`` watching the client)."""
@@ -161,7 +180,8 @@ class Proxy:
             b = t.backend
             assert b is not None
             try:
-                return await self.pool.post(b.worker_url, x.path, x.payload, _rank_headers(x.headers, b), self.timeout)
+                return await self.pool.post(b.worker_url, x.path, x.payload, _rank_headers(x.headers, b), self.timeout,
+                                            self._grace(b))
             except CONNECT_ERRORS as e:
                 self.errors.labels("connect").inc()
                 reason = f"{type(e).__name__}: {e}"

@@ -101,7 +101,7 @@ def build_admin_router(gw: Gateway, engines: EngineControl) -> APIRouter:
     @router.get("/workers")
     async def list_workers(request: Request) -> JSONResponse:
         check_key(request, gw.admin_key, "admin key")
-        items = [w.describe() for w in monitor().workers.values()]
+        items = [w.describe(gw.clock()) for w in monitor().workers.values()]
         stats = {"prefill_count": 0, "decode_count": 0, "regular_count": len(items)}
         return JSONResponse({"workers": items, "total": len(items), "stats": stats})
 
@@ -128,7 +128,7 @@ def build_admin_router(gw: Gateway, engines: EngineControl) -> APIRouter:
     @router.get("/workers/{worker_id:path}")
     async def get_worker(request: Request, worker_id: str) -> JSONResponse:
         check_key(request, gw.admin_key, "admin key")
-        return JSONResponse(find(worker_id).describe())
+        return JSONResponse(find(worker_id).describe(gw.clock()))
 
     @router.put("/workers/{worker_id:path}", status_code=202)
     async def update_worker(request: Request, worker_id: str) -> JSONResponse:

@@ -81,7 +81,8 @@ class Gateway:
         self.monitor = Monitor(
             self.cfg.monitor, self.session, self._on_worker_ready, self._on_worker_removed,
             headers=self.upstream_auth(), clock=self.clock, on_health=self._on_worker_health,
-            on_version=self._on_worker_version,
+            on_version=self._on_worker_version, on_pause=self._on_worker_pause,
+            pause_limit=self.cfg.windows.max_window_seconds,
         )
         for url in self.cfg.gateway.worker_urls:
             self.monitor.add(url)
@@ -151,6 +152,18 @@ class Gateway:
                     for p in self.controller.weight_version_seen(self.controller.backends[b.key], version, now)]
         if requeued:
             self.kick()
+
+    def _on_worker_pause(self, w: Worker) -> None:
+        """The monitor found a worker paused behind the router, or continuing
+        (``backends.pause``): while paused its programs' requests are held; when it continues
+        they go out."""
+        keys = [b.key for b in w.backends]
+        now = self.clock()
+        if w.pause.holding:
+            self.controller.engine_paused(keys, now)
+        else:
+            self._dispatch(self.controller.engine_resumed(keys, now))
+        self.kick()
 
     def _on_worker_health(self, w: Worker) -> None:
         # Without a tick now, requests held while the worker was down would wait for the

@@ -11,8 +11,9 @@ than the policy and the server side together. This client does only what that pa
   worker) and whenever the worker closed them;
 - the request written in one ``transport.write``; the response parsed by httptools (chunked
   and Content-Length bodies, and bodies ended by the connection closing);
-- ``total`` seconds for the whole exchange, connection included (``asyncio.TimeoutError``);
-  ``connect`` seconds to connect;
+- ``total`` seconds for the whole exchange, connection included (``asyncio.TimeoutError``),
+  prolonged by what ``grace`` grants when it runs out (the time the worker was paused meanwhile,
+  ``backends.pause``); ``connect`` seconds to connect;
 - reading back pressure: the worker's socket is paused while more than ``HIGH_WATER``
   bytes of a stream wait for the client.
 
@@ -28,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -159,6 +160,7 @@ class Response:
         self._error: str | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timed_out = False
+        self._grace: Callable[[], float] | None = None
 
     # ---- what the proxy reads ---------------------------------------------------------
     @property
@@ -235,6 +237,11 @@ class Response:
 
     def _on_timeout(self) -> None:
         self._timer = None
+        if self._grace is not None and not self._complete:
+            more = self._grace()
+            if more > 0:
+                self._timer = asyncio.get_running_loop().call_later(more, self._on_timeout)
+                return
         self._timed_out = True
         self._fail("timed out")
         if self._conn is not None:
@@ -286,9 +293,10 @@ class Pool:
         return o
 
     async def post(self, base_url: str, path: str, body: bytes, headers: Mapping[str, str],
-                   total: float | None = None) -> Response:
+                   total: float | None = None, grace: Callable[[], float] | None = None) -> Response:
         """POST ``body`` to ``base_url + path``; returns once the status line and headers are
-        in. ``total`` bounds the whole exchange, the body's read included."""
+        in. ``total`` bounds the whole exchange, the body's read included; when it runs out,
+        ``grace()`` seconds more are given while it grants any."""
         if self._closed:
             raise UpstreamConnectError("the router is shutting down")
         o = self.origin(base_url)
@@ -298,6 +306,7 @@ class Pool:
         if conn is None:
             conn = await self._connect(o, deadline)
         r = Response(self, o, conn)
+        r._grace = grace
         conn.resp = r
         if deadline is not None:
             r._timer = loop.call_at(deadline, r._on_timeout)

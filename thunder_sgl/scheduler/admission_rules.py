@@ -23,7 +23,7 @@ here and its name in ``AdmissionConfig.MODES``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from thunder_sgl.backends.backend import AdmissionLevel, Backend
@@ -40,11 +40,20 @@ class AdmissionRule:
     update: Callable[[Any, Backend, BackendView, float, SchedulerConfig], AdmissionLevel]
     """Pure: the previous state (or None), the backend, what the tick knows of it, the time and
     the configuration give the next state."""
+    rest: Callable[[Any], AdmissionLevel]
+    """The state kept through a period it must not measure (the engine paused behind the
+    router, ``backends.pause``): its level kept, its measurement period restarted at the next
+    ``update``."""
+
+
+def _restart_period(state: Any) -> Any:
+    """Both rules' states start a new period (a fresh snapshot of the counters) when ``at`` is None."""
+    return replace(state, at=None)
 
 
 ADMISSION_RULES: dict[str, AdmissionRule | None] = {
-    "goodput": AdmissionRule(goodput.AdmissionState, goodput.update),
-    "occupancy": AdmissionRule(occupancy.OccupancyState, occupancy.update),
+    "goodput": AdmissionRule(goodput.AdmissionState, goodput.update, _restart_period),
+    "occupancy": AdmissionRule(occupancy.OccupancyState, occupancy.update, _restart_period),
     "fixed": None,
 }
 

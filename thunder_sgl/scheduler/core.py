@@ -20,7 +20,9 @@ No I/O and no clock reads: time and state come in, decisions go out, nothing is 
    then drop from the pause set every program whose removal still frees the excess, so no
    more than the excess is ever paused. Reasoning programs are never paused (a pause never
    cuts a request mid-decode). An unavailable backend (unhealthy, stale, draining) counts
-   as full: every idle program on it goes back to the queue, to migrate.
+   as full: every idle program on it goes back to the queue, to migrate. A backend whose
+   engine is paused behind the router (``Backend.engine_paused``) is frozen: no program there
+   is paused, none is placed there, its admission rule measures nothing.
 4. **Restore / admit** (``placement``): waiting programs in aging order (``queue``) are placed
    where they fit — the previous backend first, else the one with the most free pool. A
    backend accepts restores only while its demand is below its low watermark and the
@@ -101,6 +103,8 @@ class ThunderScheduler:
         for load in loads.values():
             if not load.backend.available(now, self.stale_after):
                 pauses.extend(self._evacuate(load))
+            elif load.backend.engine_paused:
+                continue  # its programs keep their place until the engine continues (backends.pause)
             elif load.demand > load.limit_hi + EPS:
                 pauses.extend(self._pause_excess(load))
         unref = self._overcommitted(loads.values())
@@ -129,6 +133,10 @@ class ThunderScheduler:
         for key, ld in loads.items():
             b = ld.backend
             st = b.admission if isinstance(b.admission, rule.state) else None
+            if b.engine_paused:
+                if st is not None:
+                    out[key] = rule.rest(st)  # nothing to measure; the period restarts at the resume
+                continue
             new = rule.update(st, b, self._view(ld, waiting), now, self.cfg)
             if (new.extra != ld.extra or min(new.protect, ld.fit_limit) != ld.protect_limit
                     or ld.hbm_limit != hbm_limit(self.cfg, b, new.hbm_extra)):

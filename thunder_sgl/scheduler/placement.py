@@ -1,7 +1,8 @@
 """Placement: the stages that put waiting programs onto backends.
 
-1. **Open backends** (``open_backends``): available (healthy, fresh, not draining), not under
-   engine pressure, and below their low watermark.
+1. **Open backends** (``open_backends``): available (healthy, fresh, not draining), not
+   paused behind the router (``backends.pause``), not under engine pressure, and below their
+   low watermark.
 2. **Queue entries** (``queue.build``): the waiting programs that may fit somewhere, best first.
 3. **Pick a backend** (``Picker``): where a program goes. ``PreviousThenMostRoom`` — the
    default — prefers the program's previous backend when it fits there (its KV may still be
@@ -131,6 +132,7 @@ def open_backends(loads: dict[str, BackendLoad], now: float, stale_after: float,
     return {
         key: ld for key, ld in loads.items()
         if ld.backend.available(now, stale_after)
+        and not ld.backend.engine_paused
         and not ld.backend.under_pressure(cfg.pressure_waiting_reqs)
     }
 

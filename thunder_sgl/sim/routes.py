@@ -169,6 +169,10 @@ async def health_generate(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
+    """SGLang 0.5.23's ``/ready``: 503 while generation is paused (``is_pause``; weight
+    loads and released memory do not count there), else 200."""
+    if request.app[SIM].worker.paused is not None:
+        return json_response({"status": "paused"}, status=503)
     return json_response({"status": "ready"})
 
 

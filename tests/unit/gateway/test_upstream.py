@@ -229,6 +229,36 @@ async def test_the_total_timeout_covers_the_wait_for_headers_and_the_body():
     pool.close()
 
 
+async def test_grace_prolongs_the_total_timeout_while_it_grants_time():
+    """A worker paused behind the router (``backends.pause``): the proxy's ``grace`` gives the
+    time it was paused back to the request, and the request times out only once it gives none."""
+    async def late(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await asyncio.sleep(1.0)
+        writer.write(ok(b"{}"))
+        await writer.drain()
+        await asyncio.sleep(1)
+
+    grants = [0.2, 2.0]
+    asked: list[float] = []
+
+    def grace() -> float:
+        asked.append(asyncio.get_running_loop().time())
+        return grants.pop(0) if grants else 0.0
+
+    pool = Pool()
+    async with serve(late) as (url, _):
+        r = await pool.post(url, "/x", b"", {}, total=0.3, grace=grace)  # 0.3 + 0.2 + 2 > 1
+        assert await r.read() == b"{}"
+        r.release()
+        assert len(asked) == 2
+    async with serve(late) as (url, _):
+        grants[:] = [0.1]
+        with pytest.raises(TimeoutError):  # 0.3 + 0.1 < 1
+            await (await pool.post(url, "/x", b"", {}, total=0.3, grace=grace)).read()
+    pool.close()
+
+
 async def test_connections_the_worker_closed_or_idle_past_keepalive_are_not_reused():
     # the worker's keep-alive runs out 50 ms after its answer: it closes the idle connection
     async with serve(replies_once(ok(b"1"), hold=0.05)) as (url, conns):
