@@ -69,8 +69,9 @@ def test_openai_sdk_chat_completions_and_generate_with_program_id(engine, thunde
     assert usage.prompt_tokens_details.cached_tokens >= r1.usage.prompt_tokens - 2
     p = httpx.get(thunder.url + "/programs/sdk", timeout=10).json()
     assert p["steps"] == 2 and p["phase"] == "acting" and p["in_flight"] == 0
-    assert p["tokens"] == {"prompt": r1.usage.prompt_tokens + usage.prompt_tokens,
-                           "cached": r1.usage.prompt_tokens_details.cached_tokens + usage.prompt_tokens_details.cached_tokens,
+    cached = r1.usage.prompt_tokens_details.cached_tokens + usage.prompt_tokens_details.cached_tokens
+    assert p["tokens"] == {"prompt": r1.usage.prompt_tokens + usage.prompt_tokens, "cached": cached,
+                           "cached_by_tier": {"device": cached, "host": 0, "storage": 0},  # no HiCache here
                            "completion": 32}
     assert p["context_tokens"] == usage.prompt_tokens + usage.completion_tokens
 
