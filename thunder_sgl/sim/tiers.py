@@ -9,13 +9,25 @@ its KV. The rules follow SGLang's HiRadixCache:
   sessions reference (``sessions``, SGLang's session radix cache), fewest references first. ``evictable`` / ``protected`` count unlocked
   and locked device tokens, as SGLang's ``evictable_size`` / ``protected_size``.
 - **Host** (L2). ``write_through``: every node that enters HBM is copied to host at once, so the
-  host tier is inclusive while it has room; ``write_back``: a node is copied when HBM evicts it.
-  The host tier has its own LRU over nodes that are no longer in HBM.
-- **Storage** (L3, optional) receives a copy of every node the host receives and has its own LRU.
+  host tier is inclusive while it has room; ``write_back``: a node is copied when HBM evicts it
+  (a node that cannot get host room then is dropped, with its host-only descendants).
+  Host room is made by evicting host leaves (nodes no longer in HBM, with no child in host),
+  unreferenced before referenced (``sessions``), then least recently used. Under
+  ``write_back`` a host copy of KV that is also in HBM (a node loaded back keeps its host copy)
+  is reclaimed first, in the order the copies became duplicates, sparing at first those whose
+  HBM copy is itself next in line for eviction (SGLang's ``_reclaim_full_host_duplicates``);
+  such a node is copied to host again when HBM evicts it.
+- **Storage** (L3, optional) receives a copy of every node the host receives (once the host copy
+  is made, as SGLang writes L3 from the host copy) and has its own LRU. It is not cleared by a
+  flush (SGLang's file tier survives ``/flush_cache``).
 - A node in no tier is removed (with any descendants that depend on it).
-- A prefix match returns the device part, then the continuation held in host or storage. The
-  engine loads that continuation back into HBM (``promote``) after making room; continuations
-  below ``load_back_threshold`` (host) or ``storage_prefetch_threshold`` (storage) are recomputed.
+- A prefix match returns the device part, then the continuation held in host, then a
+  continuation held only in storage. SGLang looks the storage continuation up only when the
+  deepest node matched in HBM or host has a host copy (or is the root) and at least
+  ``storage_prefetch_threshold`` tokens of the key remain past the host match; a hit is
+  prefetched into host (not a backup) and loaded on. The engine loads the continuation into
+  HBM (``promote``) after making room; a host + storage continuation below
+  ``load_back_threshold`` is recomputed.
 
 LRU uses one lazy heap per tier: entries are pushed whenever a node may have become a candidate
 and validated when popped (a node touched since its entry was pushed is re-queued with its new
@@ -107,6 +119,16 @@ class KVCache:
         """Session references (SGLang's session radix cache): device eviction takes
         unreferenced KV first. No request carries a session id unless the server enables it."""
         self._bits = tuple(b for b, on in ((DEVICE, True), (HOST, self.host), (STORAGE, self.storage)) if on)
+        self._dups: dict[Node, None] = {}
+        """write_back: nodes whose KV was in HBM and host at once, in the order they became so
+        (SGLang's ``full_host_duplicates``: an entry is dropped lazily, when host reclaim passes
+        over it or the node changes again, so a node that becomes a duplicate again keeps its
+        place)."""
+        self._loading: list[Node] = []
+        """write_back: nodes loaded back since the last ``settle`` (their host copies are pinned
+        until the load completes, and become duplicates only then)."""
+        if self.write_back and self.host is not None:
+            self.tree.on_split = self._note_dup
 
     # ---- matching and loading back -------------------------------------------------------
     def match(self, key: bytes, now: float) -> PrefixHit:
@@ -116,18 +138,18 @@ class KVCache:
             dev += path[i].ntokens
             i += 1
         host = storage = 0
-        keep = i
-        for j in range(i, len(path)):
-            nd = path[j]
-            if nd.tiers & HOST and storage == 0:
-                host += nd.ntokens
-                keep = j + 1
-            else:
-                storage += nd.ntokens
-        if storage and storage < self.storage_prefetch_threshold:
-            storage = 0
-        else:
-            keep = len(path)
+        j = i
+        while j < len(path) and path[j].tiers & HOST:
+            host += path[j].ntokens
+            j += 1
+        keep = j
+        if j < len(path):  # the rest is held in storage only
+            # SGLang queries L3 only from a node backed up to host (or the root), and only when
+            # the prompt has storage_prefetch_threshold tokens past the host match
+            # (scheduler._prefetch_kvcache, UnifiedRadixCache.prefetch_from_storage)
+            if (j == 0 or path[j - 1].tiers & HOST) and (len(key) >> 2) - dev - host >= self.storage_prefetch_threshold:
+                storage = sum(nd.ntokens for nd in path[j:])
+                keep = len(path)
         if host + storage < self.load_back_threshold:
             host = storage = 0
             keep = i
@@ -141,7 +163,28 @@ class KVCache:
                 self.counters.loaded_from_host += n
             else:
                 self.counters.loaded_from_storage += n
+                self._prefetch(nd)
             self._gain_device(nd)
+            if self.write_back:
+                self._loading.append(nd)
+
+    def _prefetch(self, nd: Node) -> None:
+        """Storage → host: the prefetched copy lands in the host tier (room made by host
+        eviction), as SGLang inserts an L3 hit into host before loading it on; not a backup."""
+        host = self.host
+        if host is not None and self._make_room(host, nd.ntokens):
+            nd.tiers |= HOST
+            host.used += nd.ntokens
+            self._touch(nd)
+
+    def settle(self) -> None:
+        """The load-backs issued so far have completed (SGLang's ``loading_check`` at the next
+        scheduler step): their host copies are duplicates from now on, deepest node first."""
+        if self._loading:
+            for nd in reversed(self._loading):
+                if nd.parent is not None:
+                    self._note_dup(nd)
+            self._loading.clear()
 
     # ---- insertion ----------------------------------------------------------------------
     def insert(self, key: bytes, now: float, start: Node | None = None, start_bytes: int = 0) -> tuple[Node, int]:
@@ -154,6 +197,8 @@ class KVCache:
             if not nd.tiers & DEVICE:
                 new += nd.ntokens
                 self._gain_device(nd)
+                if self.write_back and nd.tiers & HOST:
+                    self._note_dup(nd)  # recomputed KV of a node with a host copy
         last = path[-1] if path else (start if start is not None else self.tree.root)
         return last, new
 
@@ -170,13 +215,21 @@ class KVCache:
         self._touch(nd)
 
     def _backup(self, nd: Node) -> None:
-        """Copy a node to host (and storage) if it is not there and room can be made."""
-        for tier in (self.host, self.storage):
-            if tier is not None and not nd.tiers & tier.bit and self._make_room(tier, nd.ntokens):
-                nd.tiers |= tier.bit
-                tier.used += nd.ntokens
-                tier.backed_up += nd.ntokens
-                self._touch(nd)
+        """Copy a node to host if it is not there and room can be made; a new host copy is
+        written on to storage (SGLang writes L3 from the host copy once its backup completes)."""
+        host = self.host
+        if host is None or nd.tiers & HOST or not self._make_room(host, nd.ntokens):
+            return
+        nd.tiers |= HOST
+        host.used += nd.ntokens
+        host.backed_up += nd.ntokens
+        sto = self.storage
+        if sto is not None:
+            sto.backed_up += nd.ntokens  # written again if L3 holds it already (SGLang counts every write)
+            if not nd.tiers & STORAGE and self._make_room(sto, nd.ntokens):
+                nd.tiers |= STORAGE
+                sto.used += nd.ntokens
+        self._touch(nd)
 
     # ---- locks --------------------------------------------------------------------------
     def lock(self, node: Node) -> None:
@@ -224,6 +277,7 @@ class KVCache:
             n = nd.ntokens
             if self.write_back:
                 self._backup(nd)
+                self._note_dup(nd)  # the backup's ack finds the node in HBM and host
             nd.tiers &= ~DEVICE
             self.device_tokens -= n
             self.evictable -= n
@@ -238,12 +292,16 @@ class KVCache:
             return True
         if tokens > tier.capacity:
             return False
+        if tier.bit == HOST and self._dups:
+            self._reclaim_duplicates(tier, tokens)
+            if tier.free >= tokens:
+                return True
         heap = self._heaps[tier.bit]
         while tier.free < tokens and heap:
-            _, _, _, seq, _, nd = heapq.heappop(heap)
+            _, refs, _, seq, _, nd = heapq.heappop(heap)
             if not self._candidate(tier.bit, nd):
                 continue
-            if nd.seq != seq:
+            if nd.seq != seq or nd.refs != refs and tier.bit == HOST:
                 heapq.heappush(heap, _entry(tier.bit, nd))
                 continue
             nd.tiers &= ~tier.bit
@@ -252,6 +310,40 @@ class KVCache:
             self._after_loss(nd)
         self._compact(tier.bit)
         return tier.free >= tokens
+
+    def _note_dup(self, nd: Node) -> None:
+        """SGLang's ``_update_duplicate_tracking``: a node in HBM and host joins the duplicates
+        (keeping its place if it is there already); any other node leaves them."""
+        if nd.tiers & DEVICE and nd.tiers & HOST:
+            self._dups.setdefault(nd, None)
+        else:
+            self._dups.pop(nd, None)
+
+    def _reclaim_duplicates(self, host: Tier, tokens: int) -> None:
+        """write_back host pressure: free host copies of KV that is also in HBM, oldest
+        duplicate first; a first pass spares nodes that are HBM's eviction candidates (their
+        host copy saves a backup when they go), a second takes them too. Stale entries passed
+        over are dropped (SGLang's ``_reclaim_full_host_duplicates``)."""
+        swept: list[Node] = []
+        pinned = set(self._loading)
+        for spare in (True, False):
+            if host.free >= tokens:
+                break
+            for nd in self._dups:
+                if host.free >= tokens:
+                    break
+                if not (nd.tiers & DEVICE and nd.tiers & HOST) or nd.parent is None:
+                    swept.append(nd)
+                    continue
+                if nd in pinned or (spare and self._candidate(DEVICE, nd)):
+                    continue
+                nd.tiers &= ~HOST
+                host.used -= nd.ntokens
+                host.evicted += nd.ntokens
+                swept.append(nd)
+            for nd in swept:
+                self._dups.pop(nd, None)
+            swept.clear()
 
     def _candidate(self, bit: int, nd: Node) -> bool:
         if not nd.tiers & bit or nd.lock_ref or nd.parent is None:
@@ -296,6 +388,7 @@ class KVCache:
                     tier.evicted += n
             self.counters.dropped += n
             self.refs.removed(x, heir)
+            self._dups.pop(x, None)
             self.tree.remove(x)
 
     def _compact(self, bit: int) -> None:
@@ -307,16 +400,49 @@ class KVCache:
 
     # ---- whole-cache operations -----------------------------------------------------------
     def flush(self) -> None:
-        """Drop everything (the engine has no running request: nothing is locked)."""
+        """Drop HBM and host (the engine has no running request: nothing is locked). The
+        storage tier stays: SGLang's ``/flush_cache`` leaves the L3 backend alone."""
         assert self.protected == 0, "flush with locked nodes"
-        self.tree.reset()
         self.refs = SessionRefs(self.tree.root, self._touch)  # SGLang resets session state on flush
         self.device_tokens = self.evictable = 0
-        for tier in (self.host, self.storage):
-            if tier is not None:
-                tier.used = 0
+        if self.host is not None:
+            self.host.used = 0
         for heap in self._heaps.values():
             heap.clear()
+        self._dups.clear()
+        self._loading.clear()
+        if self.storage is None or self.storage.used == 0:
+            self.tree.reset()
+            if self.storage is not None:
+                self.storage.used = 0
+            return
+        stack = [self.tree.root]
+        kept: list[Node] = []
+        while stack:
+            nd = stack.pop()
+            for c in list(nd.children.values()):
+                c.refs = 0
+                c.sessions = None
+                if c.tiers & STORAGE:
+                    c.tiers = STORAGE
+                    kept.append(c)
+                    stack.append(c)
+                else:  # with its descendants, unreachable without it
+                    self._forget_subtree(c)
+        for nd in kept:
+            self._touch(nd)
+
+    def _forget_subtree(self, nd: Node) -> None:
+        """Remove ``nd`` and its descendants from the tree, giving back their storage."""
+        stack, order = [nd], []
+        while stack:
+            x = stack.pop()
+            order.append(x)
+            stack.extend(x.children.values())
+        for x in reversed(order):
+            if x.tiers & STORAGE and self.storage is not None:
+                self.storage.used -= x.ntokens
+            self.tree.remove(x)
 
     @property
     def host_used(self) -> int:
@@ -349,9 +475,10 @@ class KVCache:
 
 
 def _entry(bit: int, nd: Node) -> tuple[bool, int, float, int, int, Node]:
-    """Eviction order in ``bit``'s heap: in HBM unreferenced before referenced, fewer references
-    first (``sessions``), then least recently used; other tiers LRU only."""
-    refs = nd.refs if bit == DEVICE else 0
+    """Eviction order in ``bit``'s heap: in HBM and host unreferenced before referenced, fewer
+    references first (``sessions``; SGLang's device and host leaf heaps both order by
+    ``_session_ref_eviction_strategy``), then least recently used; storage LRU only."""
+    refs = nd.refs if bit != STORAGE else 0
     return (refs > 0, refs, nd.last_access, nd.seq, nd.nid, nd)
 
 
