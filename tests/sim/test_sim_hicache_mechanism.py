@@ -13,7 +13,7 @@ from simkit import drain, tokens, unit_config
 from thunder_sgl.sim import SimRequest
 from thunder_sgl.sim.engine import Engine
 from thunder_sgl.sim.exposition import metrics_text
-from thunder_sgl.sim.radix import DEVICE, HOST, STORAGE
+from thunder_sgl.sim.radix import DEVICE, HOST
 from thunder_sgl.sim.tiers import KVCache
 
 
@@ -27,11 +27,29 @@ def load(c: KVCache, key: list[int], now: float, settle: bool = True):  # noqa: 
     hit = c.match(pk(key), now)
     last = hit.path[-1] if hit.path else c.tree.root
     c.lock(last)
+    if hit.storage_tokens:
+        fetched = c.prefetch(hit, now)
+        if fetched is not hit:
+            c.unlock(last)
+            hit = fetched
+            last = hit.path[-1] if hit.path else c.tree.root
+            c.lock(last)
     if hit.load_tokens:
         c.promote(hit)
     if settle:
         c.settle()
     return hit, last
+
+
+def in_tree(c: KVCache, ids: list[int]) -> int:
+    """Tokens of ``ids`` the radix tree holds (HBM or host)."""
+    return sum(nd.ntokens for nd in c.tree.match(pk(ids), 0.0)[0])
+
+
+def stored(c: KVCache, ids: list[int], start: int = 0) -> int:
+    """Tokens of ``ids`` the storage tier holds from ``start`` on."""
+    assert c.storage is not None
+    return c.storage.lookup(pk(ids), start, 0.0)
 
 
 def storage_only_continuation(policy: str) -> tuple[KVCache, list[int]]:
@@ -42,11 +60,12 @@ def storage_only_continuation(policy: str) -> tuple[KVCache, list[int]]:
     c.insert(pk(s + x), 1.0)
     c.lock(c.match(pk(s), 2.0).path[-1])  # S stays in HBM
     c.evict_device(10)  # X leaves HBM (write_back: backed up now)
-    y, _ = c.insert(pk([3] * 20), 3.0)
-    c.evict_device(20)  # Y leaves HBM: X's host copy makes room, X lives on in storage
-    node_s, node_x = (next(nd for nd in c.tree.nodes() if nd.key == pk(k)) for k in (s, x))
-    assert node_x.tiers == STORAGE
-    assert node_s.tiers == (DEVICE | HOST | STORAGE if policy == "write_through" else DEVICE)
+    c.settle()  # X's storage write completes: its host copy may go
+    c.insert(pk([3] * 20), 3.0)
+    c.evict_device(20)  # Y leaves HBM: X's host copy makes room, X lives on in storage only
+    assert in_tree(c, s + x) == 10 and stored(c, s + x, 10) == 10
+    (node_s,) = c.match(pk(s), 4.0).path
+    assert node_s.tiers == (DEVICE | HOST if policy == "write_through" else DEVICE)
     c.check()
     return c, s + x
 
@@ -71,6 +90,7 @@ def test_storage_threshold_counts_the_prompt_past_the_host_match_not_the_hit() -
     c = KVCache(host_tokens=6, storage_tokens=100, storage_prefetch_threshold=8, load_back_threshold=0)
     c.insert(pk([5] * 6), 1.0)
     c.evict_device(6)
+    c.settle()
     c.insert(pk([6] * 6), 2.0)
     c.evict_device(6)  # [5]*6 left host for [6]*6: storage only
     hit = c.match(pk([5] * 6 + [7] * 6), 3.0)  # 12 tokens to look up, 6 found
@@ -79,18 +99,35 @@ def test_storage_threshold_counts_the_prompt_past_the_host_match_not_the_hit() -
     assert hit.storage_tokens == 0 and hit.path == []
 
 
-def test_a_storage_hit_is_prefetched_into_host_and_is_not_a_backup() -> None:
-    """An L3 hit is inserted into host (``insert_host``) and loaded on; it does not count in
-    ``hicache_backup_tokens_total`` (real: with the file tier the backup volume is what HBM
-    wrote, not what came back from L3)."""
+def test_a_storage_hit_is_prefetched_into_host_as_one_node_and_is_not_a_backup() -> None:
+    """An L3 hit is inserted into host as one new tree node (``insert_host``) and loaded on; it
+    does not count in ``hicache_backup_tokens_total`` (real: with the file tier the backup
+    volume is what HBM wrote, not what came back from L3)."""
     c, key = storage_only_continuation("write_through")
-    backed, stored = c.host.backed_up, c.storage.backed_up
+    backed, written = c.host.backed_up, c.storage.backed_up
     hit, _ = load(c, key, 5.0)
-    assert hit.storage_tokens == 10
-    node_x = hit.path[-1]
-    assert node_x.tiers == DEVICE | HOST | STORAGE
-    assert (c.host.backed_up, c.storage.backed_up) == (backed, stored)
+    assert hit.storage_tokens == 10 and hit.storage_nodes == 1
+    assert hit.path[-1].tiers == DEVICE | HOST and hit.path[-1].ntokens == 10
+    assert (c.host.backed_up, c.storage.backed_up) == (backed, written)
     assert c.counters.loaded_from_storage == 10
+    c.check()
+
+
+def test_kv_that_left_hbm_and_host_leaves_the_tree_and_comes_back_as_one_node() -> None:
+    """SGLang's tree forgets KV that is in neither HBM nor host (L3 is a store apart), so KV
+    computed again, or fetched again, forms one new node whatever the old node boundaries: they
+    decide how much later evictions take at a time (real engine: write-back with the file tier
+    backed up as much as without it once programs' KV had come back through storage)."""
+    c = KVCache(host_tokens=12, storage_tokens=1000, load_back_threshold=0, storage_prefetch_threshold=0)
+    c.insert(pk([1] * 4), 1.0)
+    c.insert(pk([1] * 8), 1.1)
+    c.insert(pk([1] * 12), 1.2)  # three nodes of 4
+    c.evict_device(12)
+    c.settle()
+    c.insert(pk([2] * 12), 2.0)  # host room: [1]*12 leaves the tree, stays stored
+    assert in_tree(c, [1] * 12) == 0 and stored(c, [1] * 12) == 12
+    last, new = c.insert(pk([1] * 12), 3.0)  # computed again
+    assert new == 12 and last.ntokens == 12
     c.check()
 
 
@@ -99,7 +136,7 @@ def test_storage_is_written_from_new_host_copies_only_and_every_write_counts() -
     a, _ = c.insert(pk([1] * 10), 1.0)
     c.lock(a)  # A fills host and stays in HBM: nothing on host can be evicted
     b, _ = c.insert(pk([2] * 10), 2.0)
-    assert b.tiers == DEVICE  # no host copy, so no storage copy either
+    assert b.tiers == DEVICE and stored(c, [2] * 10) == 0  # no host copy, so no storage copy either
     assert (c.host.backed_up, c.storage.backed_up, c.storage_used) == (10, 10, 10)
     # write_back: A backed up, loaded back, its host copy reclaimed, backed up again: L3 is
     # written twice (SGLang counts every write in backuped_tokens_total) and holds it once
@@ -109,11 +146,56 @@ def test_storage_is_written_from_new_host_copies_only_and_every_write_counts() -
     _, last = load(c, [1] * 10 + [9], 2.0)  # A in HBM (locked) and host
     b, _ = c.insert(pk([2] * 10), 3.0)
     c.evict_device(10)  # B to host: A's duplicate host copy makes room
-    assert a.tiers == DEVICE | STORAGE and b.tiers == HOST | STORAGE
+    assert a.tiers == DEVICE and b.tiers == HOST
+    c.settle()  # B's storage write completes
     c.unlock(last)
     c.evict_device(10)  # A to host again (B, host only, makes room)
-    assert a.tiers == HOST | STORAGE and b.tiers == STORAGE
+    assert a.tiers == HOST and in_tree(c, [2] * 10) == 0 and stored(c, [2] * 10) == 10
     assert c.host.backed_up == c.storage.backed_up == 30 and c.storage_used == 20
+    c.check()
+
+
+def test_a_storage_hit_evicts_host_to_its_full_size_or_takes_the_part_that_fits() -> None:
+    """SGLang's ``allocate_storage_hit``: without room for the whole hit, ``evict_host(hit)``
+    (the hit's size, not the shortfall), then the whole hit, or what fits if at least the
+    prefetch threshold (real engine: a storage hit after host pressure freed more host than
+    the shortfall, and a referenced program's newest node went with it)."""
+    c = KVCache(host_tokens=25, storage_tokens=1000, load_back_threshold=0, storage_prefetch_threshold=0)
+    c.insert(pk([9] * 10), 1.0)
+    c.evict_device(10)
+    for i in range(1, 5):
+        c.insert(pk([i] * 3), 2.0 + i)
+    c.evict_device(12)
+    c.settle()
+    c.insert(pk([8] * 10), 7.0)  # host room for Y: X (oldest) leaves host
+    c.evict_device(10)
+    c.settle()
+    assert in_tree(c, [9] * 10) == 0 and c.host.free == 3
+    hit, last = load(c, [9] * 10 + [0], 8.0)
+    assert hit.storage_tokens == 10
+    # 10 evicted for a 7-token shortfall: all four 3-token leaves go, Y stays
+    assert all(in_tree(c, [i] * 3) == 0 for i in range(1, 5)) and in_tree(c, [8] * 10) == 10
+    assert c.host.free == 5
+    c.unlock(last)
+    c.check()
+    # partial: host holds 10 tokens still in HBM; 6 free of the 10 the hit needs
+    c = KVCache(host_tokens=16, storage_tokens=1000, load_back_threshold=0, storage_prefetch_threshold=4)
+    c.insert(pk([9] * 10), 1.0)
+    c.evict_device(10)
+    c.settle()
+    c.insert(pk([8] * 10), 2.0)  # X leaves host for Z; Z stays in HBM
+    assert in_tree(c, [9] * 10) == 0
+    hit, last = load(c, [9] * 10 + [0], 3.0)
+    assert (hit.storage_tokens, hit.path[-1].ntokens, hit.path[-1].tiers) == (6, 6, DEVICE | HOST)
+    c.unlock(last)
+    c.check()
+    c = KVCache(host_tokens=16, storage_tokens=1000, load_back_threshold=0, storage_prefetch_threshold=8)
+    c.insert(pk([9] * 10), 1.0)
+    c.evict_device(10)
+    c.settle()
+    c.insert(pk([8] * 10), 2.0)
+    hit, last = load(c, [9] * 10 + [0], 3.0)  # 6 fit, below the threshold of 8: nothing fetched
+    assert hit.total == 0 and hit.path == []
     c.check()
 
 
@@ -227,11 +309,11 @@ def test_flush_drops_hbm_and_host_and_keeps_the_storage_tier() -> None:
 def test_metrics_report_the_storage_tier_under_sglang_names() -> None:
     """``sglang:backuped_tokens_total`` (host → L3 writes) and ``sglang:prefetched_tokens_total``
     (L3 → host), labelled with the storage backend, as SGLang's storage metrics collector."""
-    cfg = unit_config(hicache__enabled=True, hicache__host_tokens=7000, hicache__storage_backend="file",
+    cfg = unit_config(hicache__enabled=True, hicache__host_tokens=12_000, hicache__storage_backend="file",
                       hicache__storage_capacity_tokens=50_000)
     e = Engine(cfg)
-    a_ids, b_ids = tokens(6000), tokens(6000, start=1 << 25)
-    for rid, ids, t in (("a", a_ids, 0.0), ("b", b_ids, 1.0), ("a2", a_ids, 2.0)):
+    a_ids, b_ids, c_ids = tokens(6000), tokens(6000, start=1 << 25), tokens(6000, start=2 << 25)
+    for rid, ids, t in (("a", a_ids, 0.0), ("b", b_ids, 1.0), ("c", c_ids, 1.5), ("a2", a_ids, 2.0)):
         e.submit(SimRequest(rid, ids, 1), t)
         drain(e)
     text = metrics_text([e.stats()], cfg)
@@ -241,7 +323,21 @@ def test_metrics_report_the_storage_tier_under_sglang_names() -> None:
         assert 'storage_backend="file"' in line
         return float(line.rsplit(" ", 1)[1])
 
-    # A and B, written from host once each, and a2's last prompt token (computed again)
-    assert value("sglang:backuped_tokens_total") == 12_001
+    # A, B and C, written from host once each, and a2's last prompt token (computed again)
+    assert value("sglang:backuped_tokens_total") == 18_001
     assert value("sglang:prefetched_tokens_total") == 5999  # A again, from L3
-    assert e.cache.host.backed_up == 12_001  # the prefetch is no backup
+    assert e.cache.host.backed_up == 18_001  # the prefetch is no backup
+
+
+def test_a_host_copy_being_written_to_storage_stays_until_the_write_completes() -> None:
+    """``write_backup_storage`` host-locks a node until its storage write is acknowledged (at
+    the next scheduler step): meanwhile its host copy can be neither evicted nor reclaimed."""
+    c = KVCache(host_tokens=10, storage_tokens=100)
+    x, _ = c.insert(pk([1] * 10), 1.0)  # written to host, then to storage
+    c.evict_device(10)
+    y, _ = c.insert(pk([2] * 10), 2.0)  # host full of X, still being stored: Y gets no host copy
+    assert x.tiers == HOST and y.tiers == DEVICE
+    c.settle()
+    z, _ = c.insert(pk([3] * 10), 3.0)  # now X's host copy makes room
+    assert in_tree(c, [1] * 10) == 0 and z.tiers == DEVICE | HOST
+    c.check()

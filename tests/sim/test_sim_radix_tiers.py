@@ -94,6 +94,13 @@ def test_random_operations_keep_every_tier_count_consistent(seed: int) -> None:
             hit = c.match(key, float(step))
             last = hit.path[-1] if hit.path else c.tree.root
             c.lock(last)
+            if hit.storage_tokens:
+                fetched = c.prefetch(hit, float(step))
+                if fetched is not hit:
+                    c.unlock(last)
+                    hit = fetched
+                    last = hit.path[-1] if hit.path else c.tree.root
+                    c.lock(last)
             if hit.load_tokens:
                 c.promote(hit)
             held.append(last)

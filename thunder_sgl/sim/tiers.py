@@ -1,7 +1,9 @@
 """The KV cache of one DP rank across tiers: HBM (device), HiCache host memory, HiCache storage.
 
-One radix tree holds every cached prefix; each node carries a bit mask of the tiers that hold
-its KV. The rules follow SGLang's HiRadixCache:
+One radix tree holds every prefix cached in HBM or host; each node carries a bit mask of the two
+tiers that hold its KV; the storage tier is a store apart (``storage``). The rules follow
+SGLang 0.5.23's HiCache (``UnifiedRadixCache``, checked request by request against the real
+engine: ``bench/real/hicache_calibrate.py``):
 
 - **Device** content is prefix-closed. Running requests lock their path (lock counts on every
   ancestor); device eviction takes the least recently used unlocked leaf (a node with no child
@@ -17,17 +19,21 @@ its KV. The rules follow SGLang's HiRadixCache:
   is reclaimed first, in the order the copies became duplicates, sparing at first those whose
   HBM copy is itself next in line for eviction (SGLang's ``_reclaim_full_host_duplicates``);
   such a node is copied to host again when HBM evicts it.
-- **Storage** (L3, optional) receives a copy of every node the host receives (once the host copy
-  is made, as SGLang writes L3 from the host copy) and has its own LRU. It is not cleared by a
-  flush (SGLang's file tier survives ``/flush_cache``).
-- A node in no tier is removed (with any descendants that depend on it).
-- A prefix match returns the device part, then the continuation held in host, then a
-  continuation held only in storage. SGLang looks the storage continuation up only when the
+- **Storage** (L3, optional; ``storage.StorageTier``, a radix tree of its own, as SGLang's
+  backends hold pages apart from the radix cache) receives a copy of every node the host receives
+  (once the host copy is made, as SGLang writes L3 from the host copy); until the write is
+  acknowledged (the next scheduler step, ``settle``) that host copy can be neither evicted nor
+  reclaimed. It is not cleared by a flush (SGLang's file tier survives ``/flush_cache``).
+- A node in neither HBM nor host is removed from the tree (with any descendants that depend on
+  it), as SGLang's tree forgets it: what L3 holds of it is found by a storage lookup.
+- A prefix match returns the device part, then the continuation held in host, then the
+  continuation held in storage (``StorageTier.lookup``). SGLang looks the storage continuation up only when the
   deepest node matched in HBM or host has a host copy (or is the root) and at least
   ``storage_prefetch_threshold`` tokens of the key remain past the host match; a hit is
-  prefetched into host (not a backup) and loaded on. The engine loads the continuation into
-  HBM (``promote``) after making room; a host + storage continuation below
-  ``load_back_threshold`` is recomputed.
+  prefetched into host (``prefetch``: not a backup; when host lacks room for the whole hit,
+  host KV is evicted to the hit's full size, as SGLang's ``allocate_storage_hit`` does) and
+  loaded on. The engine loads the continuation into HBM (``promote``) after making room; a
+  host + storage continuation below ``load_back_threshold`` is recomputed.
 
 LRU uses one lazy heap per tier: entries are pushed whenever a node may have become a candidate
 and validated when popped (a node touched since its entry was pushed is re-queued with its new
@@ -41,8 +47,9 @@ from dataclasses import dataclass
 
 from thunder_sgl.sim.radix import DEVICE, HOST, STORAGE, Node, RadixTree
 from thunder_sgl.sim.sessions import SessionRefs
+from thunder_sgl.sim.storage import StorageTier
 
-_ALL_TIERS = (DEVICE, HOST, STORAGE)
+_ALL_TIERS = (DEVICE, HOST)
 
 
 @dataclass(slots=True)
@@ -55,6 +62,11 @@ class PrefixHit:
     storage_tokens: int
     device_nodes: int
     """How many leading nodes of ``path`` are already in HBM."""
+    storage_nodes: int = 0
+    """How many trailing nodes of ``path`` hold the storage part (0 until ``prefetch`` brought
+    it into the tree)."""
+    storage_key: bytes = b""
+    """The key up to the end of the storage part (what ``prefetch`` inserts into the tree)."""
 
     @property
     def total(self) -> int:
@@ -109,7 +121,7 @@ class KVCache:
         self.evictable = 0
         self.protected = 0
         self.host = Tier(HOST, host_tokens) if host_tokens > 0 else None
-        self.storage = Tier(STORAGE, storage_tokens) if storage_tokens > 0 else None
+        self.storage = StorageTier(page_size, storage_tokens) if storage_tokens > 0 else None
         self.write_back = write_policy == "write_back"
         self.load_back_threshold = load_back_threshold
         self.storage_prefetch_threshold = storage_prefetch_threshold
@@ -118,7 +130,7 @@ class KVCache:
         self.refs = SessionRefs(self.tree.root, self._touch)
         """Session references (SGLang's session radix cache): device eviction takes
         unreferenced KV first. No request carries a session id unless the server enables it."""
-        self._bits = tuple(b for b, on in ((DEVICE, True), (HOST, self.host), (STORAGE, self.storage)) if on)
+        self._bits = tuple(b for b, on in ((DEVICE, True), (HOST, self.host)) if on)
         self._dups: dict[Node, None] = {}
         """write_back: nodes whose KV was in HBM and host at once, in the order they became so
         (SGLang's ``full_host_duplicates``: an entry is dropped lazily, when host reclaim passes
@@ -127,6 +139,10 @@ class KVCache:
         self._loading: list[Node] = []
         """write_back: nodes loaded back since the last ``settle`` (their host copies are pinned
         until the load completes, and become duplicates only then)."""
+        self._storing: set[Node] = set()
+        """Nodes whose host copy is being written to storage since the last ``settle``: SGLang
+        host-locks the node until the write's ack (``write_backup_storage``), so that copy can be
+        neither evicted nor reclaimed meanwhile."""
         if self.write_back and self.host is not None:
             self.tree.on_split = self._note_dup
 
@@ -138,44 +154,57 @@ class KVCache:
             dev += path[i].ntokens
             i += 1
         host = storage = 0
-        j = i
-        while j < len(path) and path[j].tiers & HOST:
-            host += path[j].ntokens
-            j += 1
-        keep = j
-        if j < len(path):  # the rest is held in storage only
-            # SGLang queries L3 only from a node backed up to host (or the root), and only when
-            # the prompt has storage_prefetch_threshold tokens past the host match
-            # (scheduler._prefetch_kvcache, UnifiedRadixCache.prefetch_from_storage)
-            if (j == 0 or path[j - 1].tiers & HOST) and (len(key) >> 2) - dev - host >= self.storage_prefetch_threshold:
-                storage = sum(nd.ntokens for nd in path[j:])
-                keep = len(path)
+        for nd in path[i:]:
+            host += nd.ntokens  # past HBM every node of the tree is in host
+        # SGLang queries L3 only from a node backed up to host (or the root), and only when the
+        # prompt has storage_prefetch_threshold tokens past the host match
+        # (scheduler._prefetch_kvcache, UnifiedRadixCache.prefetch_from_storage)
+        sto = self.storage
+        rest = (len(key) >> 2) - dev - host
+        if sto is not None and rest > 0 and rest >= self.storage_prefetch_threshold and (
+                not path or path[-1].tiers & HOST):
+            storage = sto.lookup(key, dev + host, now)
         if host + storage < self.load_back_threshold:
-            host = storage = 0
-            keep = i
-        return PrefixHit(path[:keep], dev, host, storage, i)
+            return PrefixHit(path[:i], dev, 0, 0, i)
+        return PrefixHit(path, dev, host, storage, i, 0, key[: 4 * (dev + host + storage)] if storage else b"")
+
+    def prefetch(self, hit: PrefixHit, now: float) -> PrefixHit:
+        """Storage → host for ``hit``'s storage part (its path locked by the caller), as SGLang's
+        prefetch allocates host room for an L3 hit (``allocate_storage_hit``): when the host
+        lacks room for the whole hit it evicts host KV to the hit's full size (not only the
+        shortfall), then takes the whole hit, or as much as fits (whole pages) if that is at
+        least ``storage_prefetch_threshold``, or nothing. The prefetched copies land in host (not
+        a backup). Returns the hit cut to what was fetched."""
+        host = self.host
+        if not hit.storage_tokens or hit.storage_nodes or host is None:
+            return hit
+        if host.free < hit.storage_tokens:
+            self._evict_tier(host, hit.storage_tokens)
+        room = min(host.free, hit.storage_tokens)
+        room -= room % self.tree.page_size
+        if room < hit.storage_tokens and room < self.storage_prefetch_threshold:
+            room = 0
+        if hit.host_tokens + room < self.load_back_threshold:
+            return PrefixHit(hit.path[: hit.device_nodes], hit.device_tokens, 0, 0, hit.device_nodes)
+        if room == 0:
+            return PrefixHit(hit.path, hit.device_tokens, hit.host_tokens, 0, hit.device_nodes)
+        start = hit.device_tokens + hit.host_tokens
+        last = hit.path[-1] if hit.path else None
+        _, created = self.tree.insert(hit.storage_key[: 4 * (start + room)], now, HOST, last, 4 * start)
+        for nd in created:
+            host.used += nd.ntokens
+            self._touch(nd)
+        return PrefixHit(hit.path + created, hit.device_tokens, hit.host_tokens, room, hit.device_nodes, len(created))
 
     def promote(self, hit: PrefixHit) -> None:
         """Load ``hit``'s host/storage continuation into HBM (the caller made room and locked it)."""
+        assert not hit.storage_tokens or hit.storage_nodes, "prefetch the storage part first"
+        self.counters.loaded_from_host += hit.host_tokens
+        self.counters.loaded_from_storage += hit.storage_tokens
         for nd in hit.path[hit.device_nodes :]:
-            n = nd.ntokens
-            if nd.tiers & HOST:
-                self.counters.loaded_from_host += n
-            else:
-                self.counters.loaded_from_storage += n
-                self._prefetch(nd)
             self._gain_device(nd)
             if self.write_back:
                 self._loading.append(nd)
-
-    def _prefetch(self, nd: Node) -> None:
-        """Storage → host: the prefetched copy lands in the host tier (room made by host
-        eviction), as SGLang inserts an L3 hit into host before loading it on; not a backup."""
-        host = self.host
-        if host is not None and self._make_room(host, nd.ntokens):
-            nd.tiers |= HOST
-            host.used += nd.ntokens
-            self._touch(nd)
 
     def settle(self) -> None:
         """The load-backs issued so far have completed (SGLang's ``loading_check`` at the next
@@ -185,6 +214,11 @@ class KVCache:
                 if nd.parent is not None:
                     self._note_dup(nd)
             self._loading.clear()
+        if self._storing:  # their storage writes have completed: host copies evictable again
+            done, self._storing = self._storing, set()
+            for nd in done:
+                if nd.parent is not None:
+                    self._touch(nd)
 
     # ---- insertion ----------------------------------------------------------------------
     def insert(self, key: bytes, now: float, start: Node | None = None, start_bytes: int = 0) -> tuple[Node, int]:
@@ -224,11 +258,14 @@ class KVCache:
         host.used += nd.ntokens
         host.backed_up += nd.ntokens
         sto = self.storage
-        if sto is not None:
-            sto.backed_up += nd.ntokens  # written again if L3 holds it already (SGLang counts every write)
-            if not nd.tiers & STORAGE and self._make_room(sto, nd.ntokens):
-                nd.tiers |= STORAGE
-                sto.used += nd.ntokens
+        if sto is not None:  # every write counts, whether L3 held the pages already or not
+            self._storing.add(nd)
+            keys, x = [], nd
+            while x is not None and x.parent is not None:
+                keys.append(x.key)
+                x = x.parent
+            full = b"".join(reversed(keys))
+            sto.store(full, (len(full) >> 2) - nd.ntokens, nd.last_access)
         self._touch(nd)
 
     # ---- locks --------------------------------------------------------------------------
@@ -288,20 +325,29 @@ class KVCache:
         return freed
 
     def _make_room(self, tier: Tier, tokens: int) -> bool:
+        """Evict from ``tier`` what it lacks for ``tokens`` more (SGLang's backup path:
+        ``evict_host(needed)``); True if they fit then."""
         if tier.free >= tokens:
             return True
         if tokens > tier.capacity:
             return False
+        self._evict_tier(tier, tokens - tier.free)
+        return tier.free >= tokens
+
+    def _evict_tier(self, tier: Tier, tokens: int) -> int:
+        """Evict at least ``tokens`` from ``tier`` if it can (write_back host: duplicate host
+        copies first, then leaves by references and LRU); returns the tokens freed."""
+        goal = tier.free + tokens
         if tier.bit == HOST and self._dups:
-            self._reclaim_duplicates(tier, tokens)
-            if tier.free >= tokens:
-                return True
+            self._reclaim_duplicates(tier, goal)
+            if tier.free >= goal:
+                return tier.free + tokens - goal
         heap = self._heaps[tier.bit]
-        while tier.free < tokens and heap:
+        while tier.free < goal and heap:
             _, refs, _, seq, _, nd = heapq.heappop(heap)
             if not self._candidate(tier.bit, nd):
                 continue
-            if nd.seq != seq or nd.refs != refs and tier.bit == HOST:
+            if nd.seq != seq or nd.refs != refs:
                 heapq.heappush(heap, _entry(tier.bit, nd))
                 continue
             nd.tiers &= ~tier.bit
@@ -309,7 +355,7 @@ class KVCache:
             tier.evicted += nd.ntokens
             self._after_loss(nd)
         self._compact(tier.bit)
-        return tier.free >= tokens
+        return tier.free + tokens - goal
 
     def _note_dup(self, nd: Node) -> None:
         """SGLang's ``_update_duplicate_tracking``: a node in HBM and host joins the duplicates
@@ -319,23 +365,24 @@ class KVCache:
         else:
             self._dups.pop(nd, None)
 
-    def _reclaim_duplicates(self, host: Tier, tokens: int) -> None:
-        """write_back host pressure: free host copies of KV that is also in HBM, oldest
+    def _reclaim_duplicates(self, host: Tier, goal: int) -> None:
+        """write_back host pressure, until ``goal`` tokens of host are free: free host copies of
+        KV that is also in HBM, oldest
         duplicate first; a first pass spares nodes that are HBM's eviction candidates (their
         host copy saves a backup when they go), a second takes them too. Stale entries passed
         over are dropped (SGLang's ``_reclaim_full_host_duplicates``)."""
         swept: list[Node] = []
         pinned = set(self._loading)
         for spare in (True, False):
-            if host.free >= tokens:
+            if host.free >= goal:
                 break
             for nd in self._dups:
-                if host.free >= tokens:
+                if host.free >= goal:
                     break
                 if not (nd.tiers & DEVICE and nd.tiers & HOST) or nd.parent is None:
                     swept.append(nd)
                     continue
-                if nd in pinned or (spare and self._candidate(DEVICE, nd)):
+                if nd in pinned or nd in self._storing or (spare and self._candidate(DEVICE, nd)):
                     continue
                 nd.tiers &= ~HOST
                 host.used -= nd.ntokens
@@ -348,8 +395,8 @@ class KVCache:
     def _candidate(self, bit: int, nd: Node) -> bool:
         if not nd.tiers & bit or nd.lock_ref or nd.parent is None:
             return False
-        if bit == HOST and nd.tiers & DEVICE:
-            return False  # SGLang evicts host copies only of nodes already gone from HBM
+        if bit == HOST and (nd.tiers & DEVICE or self._storing and nd in self._storing):
+            return False  # SGLang evicts host copies only of nodes gone from HBM, not being stored
         for c in nd.children.values():
             if c.tiers & bit:
                 return False
@@ -382,13 +429,13 @@ class KVCache:
             stack.extend(x.children.values())
         for x in reversed(order):
             n = x.ntokens
-            for tier in (self.host, self.storage):
-                if tier is not None and x.tiers & tier.bit:
-                    tier.used -= n
-                    tier.evicted += n
+            if self.host is not None and x.tiers & HOST:
+                self.host.used -= n
+                self.host.evicted += n
             self.counters.dropped += n
             self.refs.removed(x, heir)
             self._dups.pop(x, None)
+            self._storing.discard(x)
             self.tree.remove(x)
 
     def _compact(self, bit: int) -> None:
@@ -403,6 +450,7 @@ class KVCache:
         """Drop HBM and host (the engine has no running request: nothing is locked). The
         storage tier stays: SGLang's ``/flush_cache`` leaves the L3 backend alone."""
         assert self.protected == 0, "flush with locked nodes"
+        self.tree.reset()
         self.refs = SessionRefs(self.tree.root, self._touch)  # SGLang resets session state on flush
         self.device_tokens = self.evictable = 0
         if self.host is not None:
@@ -411,38 +459,7 @@ class KVCache:
             heap.clear()
         self._dups.clear()
         self._loading.clear()
-        if self.storage is None or self.storage.used == 0:
-            self.tree.reset()
-            if self.storage is not None:
-                self.storage.used = 0
-            return
-        stack = [self.tree.root]
-        kept: list[Node] = []
-        while stack:
-            nd = stack.pop()
-            for c in list(nd.children.values()):
-                c.refs = 0
-                c.sessions = None
-                if c.tiers & STORAGE:
-                    c.tiers = STORAGE
-                    kept.append(c)
-                    stack.append(c)
-                else:  # with its descendants, unreachable without it
-                    self._forget_subtree(c)
-        for nd in kept:
-            self._touch(nd)
-
-    def _forget_subtree(self, nd: Node) -> None:
-        """Remove ``nd`` and its descendants from the tree, giving back their storage."""
-        stack, order = [nd], []
-        while stack:
-            x = stack.pop()
-            order.append(x)
-            stack.extend(x.children.values())
-        for x in reversed(order):
-            if x.tiers & STORAGE and self.storage is not None:
-                self.storage.used -= x.ntokens
-            self.tree.remove(x)
+        self._storing.clear()
 
     @property
     def host_used(self) -> int:
@@ -454,7 +471,7 @@ class KVCache:
 
     def check(self) -> None:
         """Recount every total from the tree and assert the invariants (tests only: O(n))."""
-        dev = ev = prot = host = sto = 0
+        dev = ev = prot = host = 0
         for nd in self.tree.nodes():
             n = nd.ntokens
             assert nd.tiers, f"{nd} holds nothing but is in the tree"
@@ -466,19 +483,20 @@ class KVCache:
                 assert parent is self.tree.root or (parent is not None and parent.tiers & DEVICE), "device not prefix-closed"
             else:
                 assert nd.lock_ref == 0, f"{nd} locked but not in HBM"
+            assert not nd.tiers & STORAGE, f"{nd}: storage is a tier apart"
             host += n if nd.tiers & HOST else 0
-            sto += n if nd.tiers & STORAGE else 0
         assert (dev, ev, prot) == (self.device_tokens, self.evictable, self.protected), (dev, ev, prot, self.device_tokens, self.evictable, self.protected)
-        assert host == self.host_used and sto == self.storage_used, (host, self.host_used, sto, self.storage_used)
-        for tier in (self.host, self.storage):
-            assert tier is None or 0 <= tier.used <= tier.capacity
+        assert host == self.host_used, (host, self.host_used)
+        assert self.host is None or 0 <= self.host.used <= self.host.capacity
+        if self.storage is not None:
+            self.storage.check()
 
 
 def _entry(bit: int, nd: Node) -> tuple[bool, int, float, int, int, Node]:
-    """Eviction order in ``bit``'s heap: in HBM and host unreferenced before referenced, fewer
-    references first (``sessions``; SGLang's device and host leaf heaps both order by
-    ``_session_ref_eviction_strategy``), then least recently used; storage LRU only."""
-    refs = nd.refs if bit != STORAGE else 0
+    """Eviction order in ``bit``'s heap: unreferenced before referenced, fewer references first
+    (``sessions``; SGLang's device and host leaf heaps both order by
+    ``_session_ref_eviction_strategy``), then least recently used."""
+    refs = nd.refs
     return (refs > 0, refs, nd.last_access, nd.seq, nd.nid, nd)
 
 
