@@ -5,7 +5,9 @@ calibrated against them, side by side per router and N.
         [--out bench/results/real-cpu-1e/real-vs-sim.md]
 
 Agreement goal (issue "Real SGLang in the loop"): steps/min within 15% and KV hit rate within
-0.05 for every router and N. The table says, for each cell, whether it holds.
+0.05 for every router and N. The table says, for each cell, whether it holds. With HiCache on
+both sides (runs that report hits by tier) a second table compares the share of prompt tokens
+served from each tier (goal: within 0.05 per tier, router and N; issue 22 item 5).
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from thunder_sgl.benchmark.reports.results import RunResult
 from thunder_sgl.benchmark.reports.sweep import load_meta, load_results, router_order
 
 STEPS_TOL = 0.15
 HIT_TOL = 0.05
+TIER_TOL = 0.05
 
 
 def table(real_dir: Path, sim_dir: Path) -> str:
@@ -42,7 +46,37 @@ def table(real_dir: Path, sim_dir: Path) -> str:
                      f"{r.kv_hit_rate:.3f} | {s.kv_hit_rate:.3f} | {dh:+.3f} | {r.engine_busy:.2f} / {s.engine_busy:.2f} | "
                      f"{'yes' if ok else 'no'} |")
     lines += ["", f"{ok_all} of {len(keys)} cells agree."]
+    lines += tier_table(keys, real, sim)
     return "\n".join(lines) + "\n"
+
+
+def _tiers(r: RunResult) -> tuple[float, float, float]:
+    p = r.prompt_tokens or 1
+    return r.cached_device_tokens / p, r.cached_host_tokens / p, r.cached_storage_tokens / p
+
+
+def tier_table(keys: list[tuple[str, int]], real: dict[tuple[str, int], RunResult],
+               sim: dict[tuple[str, int], RunResult]) -> list[str]:
+    """Hits by tier (share of prompt tokens, the engines' own counters), when both sides have them."""
+    def has(r: RunResult) -> bool:
+        return bool(r.cached_device_tokens or r.cached_host_tokens or r.cached_storage_tokens)
+
+    keys = [k for k in keys if has(real[k]) and has(sim[k])]
+    if not keys:
+        return []
+    lines = ["", f"Hits by tier (share of prompt tokens): goal within {TIER_TOL:.2f} per tier.", "",
+             "| N | router | device real / sim | host real / sim | storage real / sim | max Δ | load-back tok real / sim | agrees |",
+             "|---:|---|---:|---:|---:|---:|---:|---|"]
+    ok_all = 0
+    for k in keys:
+        a, b = _tiers(real[k]), _tiers(sim[k])
+        d = max(abs(x - y) for x, y in zip(a, b, strict=True))
+        ok = d <= TIER_TOL
+        ok_all += ok
+        lines.append(f"| {k[1]} | {k[0]} | {a[0]:.2f} / {b[0]:.2f} | {a[1]:.2f} / {b[1]:.2f} | {a[2]:.2f} / {b[2]:.2f} | "
+                     f"{d:.2f} | {real[k].load_back_tokens / 1e3:,.0f} K / {sim[k].load_back_tokens / 1e3:,.0f} K | "
+                     f"{'yes' if ok else 'no'} |")
+    return lines + ["", f"{ok_all} of {len(keys)} cells agree by tier."]
 
 
 def main() -> None:

@@ -126,3 +126,15 @@ def test_programs_send_append_only_token_streams_sharing_the_system_prompt() -> 
     assert a.prompt.startswith(before + array("I", [1 << 25] * 7).tobytes())
     again = TokenLayout(PROFILE, 3).program(program_at(PROFILE, 3, 0))
     assert again.prompt == before
+
+
+def test_a_hicache_cluster_reports_its_window_hits_by_tier() -> None:
+    """With a host tier the DES reads the engines' hits by tier and load-back over the window, as
+    HTTP and real mode read them from /metrics; they add up to the window's cached tokens. A
+    cluster without HiCache reports none (as those modes)."""
+    cfg = CLUSTER.with_overrides({"hicache.enabled": True, "hicache.ratio": 2.0, "server.max_total_num_tokens": 8192})
+    r = run_des(cfg, 1, "thunder", PROFILE, 12, 60.0, warmup_s=30.0)
+    assert r.cached_host_tokens > 0 and r.load_back_tokens >= r.cached_host_tokens
+    assert r.cached_device_tokens + r.cached_host_tokens + r.cached_storage_tokens == r.cached_tokens
+    plain = run_des(CLUSTER, 1, "thunder", PROFILE, 12, 20.0, warmup_s=10.0)
+    assert (plain.cached_device_tokens, plain.cached_host_tokens, plain.load_back_tokens) == (0, 0, 0)

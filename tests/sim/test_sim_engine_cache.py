@@ -99,14 +99,14 @@ def test_prefix_evicted_to_host_returns_as_host_hit_that_costs_load_time_not_pre
 
 
 def test_prefix_evicted_from_host_returns_from_storage_at_storage_bandwidth() -> None:
-    cfg = unit_config(hicache__enabled=True, hicache__host_tokens=7000, hicache__storage_backend="file", hicache__storage_capacity_tokens=50_000)
+    cfg = unit_config(hicache__enabled=True, hicache__host_tokens=12_000, hicache__storage_backend="file", hicache__storage_capacity_tokens=50_000)
     e = Engine(cfg)
-    a_ids, b_ids = tokens(6000), tokens(6000, start=1 << 25)
-    for rid, ids, t in (("a", a_ids, 0.0), ("b", b_ids, 1.0)):
+    a_ids, b_ids, c_ids = tokens(6000), tokens(6000, start=1 << 25), tokens(6000, start=2 << 25)
+    for rid, ids, t in (("a", a_ids, 0.0), ("b", b_ids, 1.0), ("c", c_ids, 1.5)):
         e.submit(SimRequest(rid, ids, 1), t)
         drain(e)
-    # host (7,000) holds only B; A lives on in storage
-    assert e.cache.host_used == 6000 and e.cache.storage_used == 12000
+    # host (12,000) holds B and C; A lives on in storage (SGLang needs a host larger than HBM)
+    assert e.cache.host_used == 12_000 and e.cache.storage_used == 18_000
     e.submit(SimRequest("a2", a_ids, 1), 2.0)
     (a2,) = drain(e)
     assert (a2.cached_storage, a2.cached_host, a2.cached_device) == (5999, 0, 0)

@@ -94,13 +94,25 @@ def test_random_operations_keep_every_tier_count_consistent(seed: int) -> None:
             hit = c.match(key, float(step))
             last = hit.path[-1] if hit.path else c.tree.root
             c.lock(last)
+            if hit.storage_tokens:
+                fetched = c.prefetch(hit, float(step))
+                if fetched is not hit:
+                    c.unlock(last)
+                    hit = fetched
+                    last = hit.path[-1] if hit.path else c.tree.root
+                    c.lock(last)
             if hit.load_tokens:
                 c.promote(hit)
             held.append(last)
         elif op < 0.8 and held:
             c.unlock(held.pop(rng.randrange(len(held))))
+        elif op < 0.83 and not held:
+            c.flush()  # HBM and host dropped, storage kept
+            assert c.device_tokens == c.host_used == 0
         else:
             c.evict_device(rng.randint(1, 30))
+        if rng.random() < 0.5:
+            c.settle()
         c.check()
     for n in held:
         c.unlock(n)

@@ -250,6 +250,7 @@ class Engine:
             p.end = p.start + span(p.a, p.q, new)
 
     def _make_plan(self, t: float, out: list[Completion]) -> Plan | None:
+        self.cache.settle()  # the last iteration's load-backs have completed
         self._reap_aborted(t, out)
         rf = self.roofline
         if self.running and self._free() + self.cache.evictable < len(self.running):

@@ -110,6 +110,7 @@ def engine_stats(e: Engine) -> EngineStats:
         host_evicted_tokens=host.evicted if host else 0,
         storage_evicted_tokens=sto.evicted if sto else 0,
         host_backup_tokens=host.backed_up if host else 0,
+        storage_backup_tokens=sto.backed_up if sto else 0,
         loaded_from_host_tokens=cache.counters.loaded_from_host,
         loaded_from_storage_tokens=cache.counters.loaded_from_storage,
     )
@@ -211,6 +212,9 @@ def metrics_text(stats: list[EngineStats], cfg: SimConfig) -> str:
             k("sglang:hicache_backup_bytes_total", s.host_backup_tokens * b)
             k("sim:hicache_host_evicted_tokens_total", s.host_evicted_tokens)
             if cfg.hicache.storage_backend is not None:
+                sl = f'{lb},storage_backend="{cfg.hicache.storage_backend}"'
+                k("sglang:backuped_tokens_total", s.storage_backup_tokens, sl)
+                k("sglang:prefetched_tokens_total", s.loaded_from_storage_tokens, sl)
                 g("sim:hicache_storage_total_tokens", s.storage_total_tokens)
                 g("sim:hicache_storage_used_tokens", s.storage_used_tokens)
                 k("sim:hicache_storage_loaded_tokens_total", s.loaded_from_storage_tokens)

@@ -14,6 +14,7 @@ edge (the prefix part becomes a new parent that inherits the tiers, lock count a
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 DEVICE = 1
 HOST = 2
@@ -69,6 +70,9 @@ class RadixTree:
         self.root = Node(b"", None, DEVICE | HOST | STORAGE, 0.0, 0)
         self.root.lock_ref = 1
         self.num_nodes = 0
+        self.on_split: Callable[[Node], None] | None = None
+        """Called with the new parent node after every split (``tiers.KVCache`` under
+        write_back: the duplicates' bookkeeping)."""
 
     def align(self, nbytes: int) -> int:
         """Round a byte length down to whole pages."""
@@ -175,6 +179,8 @@ class RadixTree:
         child.parent = head
         head.children[child.key[:pb]] = child
         self.num_nodes += 1
+        if self.on_split is not None:
+            self.on_split(head)
         return head
 
     def remove(self, node: Node) -> None:

@@ -205,6 +205,7 @@ class EngineStats:
     host_evicted_tokens: int = 0
     storage_evicted_tokens: int = 0
     host_backup_tokens: int = 0
+    storage_backup_tokens: int = 0
     loaded_from_host_tokens: int = 0
     loaded_from_storage_tokens: int = 0
 

@@ -301,10 +301,16 @@ class DesRun:
 
     def _engine_totals(self, t: float) -> dict[str, float]:
         tot = {"t": t, "busy": 0.0, "retractions": 0.0, "prefill": 0.0, "evicted": 0.0, "load_back": 0.0,
-               "decode_steps": 0.0, "generated": 0.0, "prefill_busy": 0.0}
+               "decode_steps": 0.0, "generated": 0.0, "prefill_busy": 0.0, "cached_device": 0.0,
+               "cached_host": 0.0, "cached_storage": 0.0, "loaded_tokens": 0.0}
         for i in range(self.nodes):
             w = self.read(i, t)
             c = w.counters
+            tot["cached_device"] += c.cached_device
+            tot["cached_host"] += c.cached_host
+            tot["cached_storage"] += c.cached_storage
+            tot["loaded_tokens"] += sum(e.cache.counters.loaded_from_host + e.cache.counters.loaded_from_storage
+                                        for e in w.engines)
             tot["busy"] += c.busy_seconds
             tot["prefill_busy"] += c.prefill_busy_seconds
             tot["load_back"] += c.load_back_seconds
@@ -335,6 +341,17 @@ class DesRun:
             "load_back_s_per_step": (end["load_back"] - w["load_back"]) / steps,
             "decode_batch": (end["generated"] - w["generated"]) / max(1.0, end["decode_steps"] - w["decode_steps"]),
         }
+
+    def _tier_delta(self) -> dict[str, int]:
+        """With HiCache, the split of the window's cache hits by tier and the tokens loaded back,
+        from the engines' counters (as HTTP and real mode read them from ``/metrics``)."""
+        if self._warm is None or not self.cfg.hicache.enabled:
+            return {}
+        end, w = self._engine_totals(self.now), self._warm
+        return {"cached_device_tokens": int(end["cached_device"] - w["cached_device"]),
+                "cached_host_tokens": int(end["cached_host"] - w["cached_host"]),
+                "cached_storage_tokens": int(end["cached_storage"] - w["cached_storage"]),
+                "load_back_tokens": int(end["loaded_tokens"] - w["loaded_tokens"])}
 
     def _sample(self, t: float) -> None:
         used, usage = [], []
@@ -402,7 +419,9 @@ class DesRun:
                 notes += f" admission={adm}"
         ended = sum(1 for _, e, o in self.rec.programs if o == "completed" and e < self.rec.warmup_s)
         check = window_check(int(s["steps_completed"]), self.programs, ended)
+        tiers = self._tier_delta()
         return RunResult(
+            **tiers,
             engine_busy=where.get("gpu_busy", 0.0),
             router=self.router_name, mode="des", programs=self.programs, nodes=self.nodes, cluster=self.cfg.name,
             profile=prof.name, seed=self.seed, window_s=self.rec.duration,
