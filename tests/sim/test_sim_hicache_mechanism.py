@@ -28,12 +28,7 @@ def load(c: KVCache, key: list[int], now: float, settle: bool = True):  # noqa: 
     last = hit.path[-1] if hit.path else c.tree.root
     c.lock(last)
     if hit.storage_tokens:
-        fetched = c.prefetch(hit, now)
-        if fetched is not hit:
-            c.unlock(last)
-            hit = fetched
-            last = hit.path[-1] if hit.path else c.tree.root
-            c.lock(last)
+        hit, last = c.prefetch_locked(hit, last, now)
     if hit.load_tokens:
         c.promote(hit)
     if settle:

@@ -95,12 +95,7 @@ def test_random_operations_keep_every_tier_count_consistent(seed: int) -> None:
             last = hit.path[-1] if hit.path else c.tree.root
             c.lock(last)
             if hit.storage_tokens:
-                fetched = c.prefetch(hit, float(step))
-                if fetched is not hit:
-                    c.unlock(last)
-                    hit = fetched
-                    last = hit.path[-1] if hit.path else c.tree.root
-                    c.lock(last)
+                hit, last = c.prefetch_locked(hit, last, float(step))
             if hit.load_tokens:
                 c.promote(hit)
             held.append(last)

@@ -66,13 +66,8 @@ def schedule_prefill(e: Engine, t: float) -> tuple[list[tuple[Req, int]], tuple[
             e._head_path = hit.path
             break
         if hit.storage_tokens:  # storage → host first (SGLang prefetches when the request arrives)
-            fetched = cache.prefetch(hit, t)
-            if fetched is not hit:
-                cache.unlock(last)
-                hit = fetched
-                last = hit.path[-1] if hit.path else cache.tree.root
-                cache.lock(last)
-                left = r.fill_len - hit.total
+            hit, last = cache.prefetch_locked(hit, last, t)
+            left = r.fill_len - hit.total
         if hit.load_tokens:
             if e._ensure_free(hit.load_tokens):
                 cache.promote(hit)

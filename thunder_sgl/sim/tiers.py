@@ -196,6 +196,17 @@ class KVCache:
             self._touch(nd)
         return PrefixHit(hit.path + created, hit.device_tokens, hit.host_tokens, room, hit.device_nodes, len(created))
 
+    def prefetch_locked(self, hit: PrefixHit, locked: Node, now: float) -> tuple[PrefixHit, Node]:
+        """``prefetch`` for a caller holding ``hit``'s last node (``locked``) locked: when the
+        hit changes, the lock moves to its new last node. Returns the hit and the locked node."""
+        fetched = self.prefetch(hit, now)
+        if fetched is hit:
+            return hit, locked
+        self.unlock(locked)
+        last = fetched.path[-1] if fetched.path else self.tree.root
+        self.lock(last)
+        return fetched, last
+
     def promote(self, hit: PrefixHit) -> None:
         """Load ``hit``'s host/storage continuation into HBM (the caller made room and locked it)."""
         assert not hit.storage_tokens or hit.storage_nodes, "prefetch the storage part first"
