@@ -4,39 +4,19 @@ places nothing new there and lets the held requests go when the engine continues
 
 from __future__ import annotations
 
-import dataclasses
+from test_controller_windows import make as windows_make
+from test_controller_windows import step, ticket
 
 from thunder_sgl.backends import Backend, Tiers
-from thunder_sgl.config import GatewayConfig, RouterConfig, SchedulerConfig
 from thunder_sgl.control.controller import Controller
-from thunder_sgl.control.tickets import Ticket
 from thunder_sgl.control.windows import Reason
 from thunder_sgl.programs import ProgramState, Usage
 from thunder_sgl.scheduler import least_loaded
 
 
 def make(hbm: int = 10_000, n: int = 2, held_timeout: float = 10.0, **sched) -> Controller:
-    sched.setdefault("hbm_lambda", 1.0)
-    sched.setdefault("lambda_max", 1.0)
-    sched.setdefault("lambda_min", 1.0)
-    cfg = RouterConfig(scheduler=SchedulerConfig(default_output_tokens=100, **sched),
-                       gateway=dataclasses.replace(GatewayConfig(), held_timeout_seconds=held_timeout))
-    c = Controller(cfg)
-    for i in range(n):
-        c.add_backend(Backend(f"http://w{i}", 0, Tiers(hbm_tokens=hbm)))
-    return c
-
-
-def ticket(pid: str | None, tokens: int) -> Ticket:
-    return Ticket(program_id=pid, prompt_chars=tokens * 4)
-
-
-def step(c: Controller, pid: str, tokens: int, out: int, now: float) -> Ticket:
-    t = ticket(pid, tokens)
-    if c.submit(t, now) is None:
-        assert t in c.tick(now).dispatched
-    c.finish(t, now + 1, Usage(tokens, out))
-    return t
+    """``test_controller_windows.make`` with this module's defaults: two engines, 10-s held timeout."""
+    return windows_make(hbm, n, held_timeout, **sched)
 
 
 def pause(c: Controller, b: Backend, now: float) -> None:
