@@ -83,6 +83,9 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
                         f"real mode: {','.join(REAL_ROUTERS)}; also: direct)")
     p.add_argument("--duration", type=float, default=d.duration_s, help="measured window per run, simulated seconds")
     p.add_argument("--warmup", type=float, default=d.warmup_s, help="warm-up per run, simulated seconds (not measured)")
+    p.add_argument("--warm-start", action="store_true",
+                   help="start each program slot's first program mid-life (a uniform step, its history in the first "
+                        "request), so the loop begins near its steady state: a short --warmup then suffices")
     p.add_argument("--time-scale", type=float, default=d.time_scale, help="http mode: simulated seconds per wall second")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--mode", choices=MODES, default=d.mode,
@@ -157,7 +160,7 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
                          router_args=router_args, model=args.model,  # type: ignore[arg-type]
                          max_total_tokens=args.max_total_tokens, engine_threads=args.engine_threads,
                          hicache_ratio=args.hicache_ratio, hicache_write_policy=args.hicache_write_policy,
-                         rollout=rollout)
+                         rollout=rollout, warm_start=args.warm_start)
     except ValueError as e:
         print(f"thunder-sgl bench: {e}", file=sys.stderr)
         return 2

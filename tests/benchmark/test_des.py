@@ -138,3 +138,25 @@ def test_a_hicache_cluster_reports_its_window_hits_by_tier() -> None:
     assert r.cached_device_tokens + r.cached_host_tokens + r.cached_storage_tokens == r.cached_tokens
     plain = run_des(CLUSTER, 1, "thunder", PROFILE, 12, 20.0, warmup_s=10.0)
     assert (plain.cached_device_tokens, plain.cached_host_tokens, plain.load_back_tokens) == (0, 0, 0)
+
+
+def test_a_warm_start_begins_with_contexts_of_the_steady_mix() -> None:
+    """Early in a cold run every context is at its smallest; a warm start's first requests carry
+    the programs' histories, so their prompts average what a long run's do. Only the slots'
+    first programs differ; the run is deterministic."""
+    def early_prompt_mean(warm: bool) -> tuple[float, DesRun]:
+        d = DesRun(CLUSTER, 2, "thunder", PROFILE, 30, 30.0, warmup_s=10.0, warm_start=warm)
+        d.run()
+        first = [p for (_, sent, p, *_rest) in d.rec.calls if sent < 5.0]
+        return sum(first) / len(first), d
+
+    cold, _ = early_prompt_mean(False)
+    warm, d = early_prompt_mean(True)
+    steady = sum(program_at(PROFILE, 0, i).prompt_tokens_at(s) for i in range(30)
+                 for s in range(len(program_at(PROFILE, 0, i).steps))) / sum(
+                     len(program_at(PROFILE, 0, i).steps) for i in range(30))
+    assert warm > 1.5 * cold and warm > 0.6 * steady
+    r = d.result()
+    assert r.window_check["warm_start"] and "steps_before_per_program" in r.window_check
+    again = DesRun(CLUSTER, 2, "thunder", PROFILE, 30, 30.0, warmup_s=10.0, warm_start=True).run()
+    assert dataclasses.asdict(again)["steps_per_min"] == r.steps_per_min

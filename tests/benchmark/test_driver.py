@@ -247,3 +247,22 @@ async def test_with_several_endpoints_each_slot_keeps_one_and_programs_never_cro
         assert len(here.program_calls(p.program_id)) == 3 and not there.program_calls(p.program_id)
     # Two slots per endpoint: each saw half the programs' calls at most one program apart.
     assert abs(len(a.ok_calls) - len(b.ok_calls)) <= 3
+
+
+async def test_a_warm_start_sends_each_slots_first_program_with_its_history(fake_openai):
+    fake = await fake_openai()
+    profile = tiny(steps=6)
+    result = await run(fake, profile, total_programs=5, concurrency=3, seed=2, warm_start=True)
+    starts = {}
+    for i in range(5):
+        spec = program_at(profile, 2, i)
+        calls = fake.program_calls(spec.program_id)
+        first = calls[0].body["messages"]
+        k = (len(first) - 2) // 2  # system + task, then a reply and an observation per step of history
+        starts[i] = k
+        assert len(calls) == 6 - k, "the steps from the start step on, each once"
+        assert [c.body["max_tokens"] for c in calls] == [s.output_tokens for s in spec.steps[k:]]
+        assert all(m["role"] == ("assistant" if j % 2 == 0 else "user") for j, m in enumerate(first[2:]))
+    assert all(starts[i] == 0 for i in (3, 4)), "programs after the first slot-full start new"
+    assert any(starts[i] > 0 for i in (0, 1, 2)), "the slots' first programs join mid-life"
+    assert all(p.outcome == "completed" for p in result.programs)

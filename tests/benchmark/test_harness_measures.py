@@ -119,3 +119,15 @@ def test_window_check_names_what_keeps_a_window_from_the_steady_state(steps, n, 
     c = window_check(steps, n, ended)
     assert tuple(k for k in ("TRANSIENT", "COARSE") if k + ":" in c["warning"]) == flags
     assert c["steps_per_program"] == round(steps / max(1, n), 2)
+
+
+@pytest.mark.parametrize(("steps", "n", "before", "flags"), [
+    (300, 60, 60, ()),                   # a warm start: one step per program worked off the cold prefills
+    (300, 60, 30, ("TRANSIENT",)),       # half of them still owe their history's prefill
+    (120, 60, 200, ("COARSE",)),
+])
+def test_a_warm_started_window_needs_its_cold_prefills_worked_off_not_a_lifetime(steps, n, before, flags):
+    c = window_check(steps, n, 0, warm_start=True, steps_before=before)
+    assert tuple(k for k in ("TRANSIENT", "COARSE") if k + ":" in c["warning"]) == flags
+    assert c["warm_start"] and c["steps_before_per_program"] == round(before / n, 2)
+    assert "TRANSIENT" in window_check(steps, n, 0)["warning"]  # the same counts, cold: a lifetime owed

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import re
 import statistics
+from dataclasses import replace
 
 import pytest
 
@@ -22,6 +23,7 @@ from thunder_sgl.benchmark.workloads.profile import (
     generate_programs,
     load_profile,
     program_at,
+    warm_start,
 )
 from thunder_sgl.config import CONFIG_DIR
 from thunder_sgl.errors import ConfigError
@@ -227,3 +229,23 @@ def test_context_limit_truncates_programs_but_keeps_one_step():
     # 150 + (100+100)·2 = 550; a third call would need 550 + 100 = 650 <= 660: kept; a fourth not.
     assert len(spec.steps) == 3
     assert spec.prompt_tokens_at(2) == 550 and spec.final_context_tokens == 650
+
+
+def test_warm_start_joins_the_first_programs_mid_life_and_keeps_the_program_sequence():
+    p = load_profile("mini-swe-agent")
+    cold, warm = ProgramSource(p, 4), ProgramSource(p, 4, warm=30)
+    a = [cold.next() for _ in range(40)]
+    b = [warm.next() for _ in range(40)]
+    assert a[30:] == b[30:] and all(s.start_step == 0 and s.start_wait_s == 0 for s in a)
+    for x, y in zip(a[:30], b[:30], strict=True):
+        # The same program (same draws), joined at a step of its own: a pure function of (seed, index).
+        assert replace(y, start_step=0, start_wait_s=0.0) == x and y == warm_start(x, 4)
+        assert 0 <= y.start_step < len(y.steps)
+        prev_tool = y.steps[y.start_step - 1].tool_seconds if y.start_step else 0.0
+        assert 0 <= y.start_wait_s <= prev_tool
+    starts = [s.start_step / len(s.steps) for s in b[:30]]
+    # Spread over the programs' lives (uniform: not all at the start nor at the end).
+    assert min(starts) < 0.25 and max(starts) > 0.6
+    assert warm_start(a[0], 5) != warm_start(a[0], 4) or len(a[0].steps) == 1
+    with pytest.raises(ValueError, match="warm"):
+        ProgramSource(p, 4, warm=-1)

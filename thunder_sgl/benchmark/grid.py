@@ -169,7 +169,8 @@ def run_grid(base: Any, cells: Iterable[Cell], repeats: int, pool: int, run: Run
                              "steps_per_min": r.steps_per_min, "kv_hit_rate": r.kv_hit_rate,
                              "failed": bool(r.errors.get("failed")), "admission": admission_of(r.notes),
                              "window": window_flag(r.window_check)})
-            write_grid(root, rows, f"{base.mode} mode, {base.nodes} × {base.cluster_name}")
+            write_grid(root, rows, f"{base.mode} mode, {base.nodes} × {base.cluster_name}"
+                       + (", warm start" if getattr(base, "warm_start", False) else ""))
     return root
 
 

@@ -75,6 +75,9 @@ class BenchSpec:
     """Measured window, after the warm-up."""
     warmup_s: float = 120.0
     """Start of each run excluded from the measures (caches fill, contexts grow)."""
+    warm_start: bool = False
+    """Start each slot's first program mid-life (``workloads.profile.warm_start``), so a short
+    warm-up reaches the steady state (closed loop only)."""
     time_scale: float = 20.0
     """HTTP mode: simulated seconds per wall second (simulator, router and driver agree)."""
     seed: int = 1
@@ -123,6 +126,8 @@ class BenchSpec:
             raise ValueError("real mode runs in real time: --time-scale must be 1")
         if self.hicache_ratio is not None and (self.mode != "real" or not self.hicache_ratio > 1.0):
             raise ValueError("--hicache-ratio is for real mode (simulated clusters name a -hicache config) and must be > 1")
+        if self.warm_start and self.rollout is not None:
+            raise ValueError("--warm-start is for the closed loop, not a rollout")
         if self.rollout is not None and self.rollout.mode == "sync" and (
                 self.programs != (self.rollout.batch_programs,) or self.warmup_s):
             raise ValueError("a sync rollout runs batches of tasks x group size programs from t = 0: "
@@ -261,7 +266,7 @@ class _HttpRunner:
         plan = RunPlan(router, programs, self.profile, s.warmup_s, s.duration_s, s.time_scale, s.seed,
                        s.sample_every_s, s.args_of(router),
                        {"cluster": s.cluster_name, "nodes": s.nodes, "ideal_steps_per_min": ideal},
-                       timing_config=self.timing_config)
+                       timing_config=self.timing_config, warm_start=s.warm_start)
         r = http_run(self.cluster, plan, progress, self.out / "logs")
         r.mode = s.mode
         progress.end_run(r)
@@ -289,7 +294,7 @@ def _des_run(spec: BenchSpec, profile: WorkloadProfile, router: str, programs: i
         else:
             r = run_des(spec.cluster, spec.nodes, router, profile, programs, spec.duration_s,
                         warmup_s=spec.warmup_s, seed=spec.seed, sample_every_s=spec.sample_every_s,
-                        progress=_des_progress(progress))
+                        progress=_des_progress(progress), warm_start=spec.warm_start)
         r.cluster = spec.cluster_name
         if not r.ideal_steps_per_min:
             r.ideal_steps_per_min = ideal

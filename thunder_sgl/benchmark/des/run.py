@@ -92,7 +92,8 @@ class DesRun:
     def __init__(self, cluster: str | SimConfig, nodes: int, router: str, profile: str | WorkloadProfile,
                  programs: int, duration_s: float, warmup_s: float = 0.0, seed: int = 0,
                  router_config: RouterConfig | None = None, sample_every_s: float = 5.0,
-                 progress: Callable[[float, dict[str, Any]], None] | None = None) -> None:
+                 progress: Callable[[float, dict[str, Any]], None] | None = None,
+                 warm_start: bool = False) -> None:
         if router not in ALL_ROUTERS:
             raise ValueError(f"unknown router {router!r}; valid: {', '.join(ALL_ROUTERS)}")
         if nodes < 1 or programs < 1 or duration_s <= 0 or warmup_s < 0 or sample_every_s <= 0:
@@ -104,7 +105,8 @@ class DesRun:
         self.rec = Recorder(warmup_s, warmup_s + duration_s)
         self.workers = [SimWorker(self.cfg, i) for i in range(nodes)]
         self.layout = TokenLayout(self.profile, seed)
-        self.source = ProgramSource(self.profile, seed)
+        self.source = ProgramSource(self.profile, seed, warm=programs if warm_start else 0)
+        self.warm_start = warm_start
         self.agents: dict[str, Agent] = {}
         self.by_rid: dict[str, Agent] = {}
         self.events: list[tuple[float, int, int, Agent | None]] = []
@@ -174,7 +176,10 @@ class DesRun:
         a = Agent(spec, self.layout.program(spec), now)
         self.agents[a.pid] = a
         self.counts["started"] += 1
-        self._issue(a, now)
+        if spec.start_wait_s > 0:
+            self._push(now + spec.start_wait_s, RETRY, a)  # a warm start: mid-tool (RETRY issues)
+        else:
+            self._issue(a, now)
 
     def _issue(self, a: Agent, now: float) -> None:
         step = a.spec.steps[a.step]
@@ -418,7 +423,9 @@ class DesRun:
             if adm:
                 notes += f" admission={adm}"
         ended = sum(1 for _, e, o in self.rec.programs if o == "completed" and e < self.rec.warmup_s)
-        check = window_check(int(s["steps_completed"]), self.programs, ended)
+        before = sum(1 for t in self.rec.tool_ends if t < self.rec.warmup_s)
+        check = window_check(int(s["steps_completed"]), self.programs, ended, warm_start=self.warm_start,
+                             steps_before=before)
         tiers = self._tier_delta()
         return RunResult(
             **tiers,
@@ -457,11 +464,13 @@ def run_des(
     router_config: RouterConfig | None = None,
     sample_every_s: float = 5.0,
     progress: Callable[[float, dict[str, Any]], None] | None = None,
+    warm_start: bool = False,
 ) -> RunResult:
     """Run ``programs`` concurrent programs of ``profile`` through ``router`` on ``nodes``
     simulated workers of ``cluster`` (a ``configs/sim`` name, or a SimConfig) for
     ``warmup_s + duration_s`` simulated seconds; measures cover the last ``duration_s``.
     ``router`` is one of ``reports.results.ALL_ROUTERS``. ``progress(sim_time, snapshot)`` is called every
-    5 simulated seconds."""
+    5 simulated seconds. ``warm_start``: the first programs start mid-life
+    (``workloads.profile.warm_start``)."""
     return DesRun(cluster, nodes, router, profile, programs, duration_s, warmup_s, seed, router_config,
-                  sample_every_s, progress).run()
+                  sample_every_s, progress, warm_start).run()

@@ -85,6 +85,10 @@ class ProgramTokens:
         self.prompt = layout.shared_prefix + instance + _END + _ASSISTANT
         """Packed tokens of the next request."""
         self.step = 0
+        if spec.start_step:  # a warm start: the history's replies from a generator of their own
+            replies = np.random.default_rng([layout._name_hash, layout.seed & 0xFFFFFFFF, spec.index, 0x4E91])
+            while self.step < spec.start_step:
+                self.add_reply(array("I", _ids(replies, spec.steps[self.step].output_tokens)))
 
     @property
     def prompt_tokens(self) -> int:

@@ -67,6 +67,9 @@ class DriverOptions:
     multiplied by it (1 for a real cluster)."""
     warmup_s: float = 0.0
     """Wall seconds at the start excluded from the measures."""
+    warm_start: bool = False
+    """Start each slot's first program mid-life (``workloads.profile.warm_start``): the loop
+    begins near its steady state instead of with every program at step 0."""
     api: str = "chat"
     """``chat`` (/v1/chat/completions) or ``completions`` (/v1/completions, a text transcript)."""
     stream: bool = False
@@ -140,7 +143,7 @@ class _Driver:
         self.concurrency = concurrency
         self.o = o
         self.system_text = system_prompt(profile.name, profile.system_prompt_tokens)
-        self.source = ProgramSource(profile, o.seed, o.total_programs)
+        self.source = ProgramSource(profile, o.seed, o.total_programs, concurrency if o.warm_start else 0)
         self.result = WorkloadResult(profile.name, concurrency, o.time_scale, 0.0, o.warmup_s)
         self.live: dict[str, ProgramRecord] = {}
         """Programs started and not yet released."""
@@ -217,7 +220,7 @@ class _Driver:
                 failures = 0
 
     async def _run_program(self, spec: ProgramSpec, endpoint: str) -> str:
-        rec = ProgramRecord(spec.program_id, spec.index, len(spec.steps), self.now())
+        rec = ProgramRecord(spec.program_id, spec.index, len(spec.steps) - spec.start_step, self.now())
         rec.endpoint = endpoint
         self.result.programs.append(rec)
         self.live[spec.program_id] = rec
@@ -235,7 +238,10 @@ class _Driver:
         try:
             if self.o.tools is not None:
                 await self.o.tools.start(spec.program_id)
-            for i, step in enumerate(spec.steps):
+            if spec.start_wait_s > 0:
+                await asyncio.sleep(spec.start_wait_s / self.o.time_scale)
+            for i in range(spec.start_step, len(spec.steps)):
+                step = spec.steps[i]
                 call = await self._call(conv, i, endpoint)
                 if call is None:
                     rec.outcome = "failed"

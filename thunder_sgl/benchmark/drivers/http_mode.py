@@ -175,6 +175,8 @@ class RunPlan:
     """Real mode: the simulator config calibrated against the engines; the notes then compare
     its timing model with the engines' own accounting, and each call of the run is kept in
     ``steps/<router>-N<n>.jsonl`` beside the results."""
+    warm_start: bool = False
+    """The first programs start mid-life (``workloads.profile.warm_start``)."""
 
 
 class Cluster(Protocol):
@@ -313,6 +315,7 @@ async def _measure(workers: Workers, router: Proc | None, plan: RunPlan, progres
                                       duration_s=(plan.warmup_s + plan.duration_s) / scale,
                                       warmup_s=warm_wall, time_scale=scale, seed=plan.seed,
                                       send_program_ids=plan.router != THUNDER_INFERRED,
+                                      warm_start=plan.warm_start,
                                       on_event=progress.driver_event)
         finally:
             for t in tasks:
@@ -347,7 +350,9 @@ def _fill(r: RunResult, plan: RunPlan, work: WorkloadResult, warm: _Scrape, end:
         setattr(r, k, s[k] or 0.0)
     r.errors = dict(s["errors"])
     ended = sum(1 for p in work.programs if p.outcome == "completed" and p.end_s is not None and p.end_s < work.warmup_s)
-    r.window_check = window_check(r.steps_completed, plan.programs, ended)
+    before = sum(1 for st in work.steps if st.tool_end_s is not None and st.tool_end_s < work.warmup_s)
+    r.window_check = window_check(r.steps_completed, plan.programs, ended, warm_start=plan.warm_start,
+                                  steps_before=before)
     r.recompute_tokens = recompute_tokens(work.steps, work.warmup_s, work.wall_s)
     r.node_imbalance_mean, r.node_imbalance_max = imbalance(samples, plan.warmup_s)
     r.engine_busy = engine_busy(warm.loads, end.loads, (end.wall - warm.wall) * scale)

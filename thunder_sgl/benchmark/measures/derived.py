@@ -202,18 +202,39 @@ the warm-up ÷ N), the window still holds the first programs in their first step
 below their steady mean, so the pool holds more of them than it will."""
 
 
-def window_check(steps_completed: int, programs: int, ended_before: int) -> dict[str, Any]:
+MIN_STEPS_BEFORE_WARM = 1.0
+"""Steps ended before the window, per program, that a warm-started run needs: one step per
+program on average works off the cold prefills of their histories."""
+
+
+def window_check(steps_completed: int, programs: int, ended_before: int, *, warm_start: bool = False,
+                 steps_before: int = 0) -> dict[str, Any]:
     """Whether a run's window measures the steady state: ``steps_per_program`` (counted steps
     ÷ N), ``lifetimes_before`` (programs completed before the window ÷ N) and a ``warning``
-    naming what fails ('' when both hold). Judged per run, by the same rule in every mode."""
+    naming what fails ('' when both hold). Judged per run, by the same rule in every mode.
+
+    A warm-started run (``workloads.profile.warm_start``: its first programs join mid-life,
+    with contexts of the steady mix) needs no lifetime before the window, only the cold start
+    worked off: each program's first request prefills its whole history, so it is TRANSIENT
+    until as many steps ended before the window as there are programs (``steps_before``)."""
     n = max(1, programs)
     spp, life = steps_completed / n, ended_before / n
     why = []
-    if life < MIN_LIFETIMES_BEFORE:
+    if warm_start:
+        if steps_before < MIN_STEPS_BEFORE_WARM * n:
+            why.append(f"TRANSIENT: {steps_before} steps ended before the window of a warm start with {programs} "
+                       f"programs (< {MIN_STEPS_BEFORE_WARM:g} per program): the cold prefills of the programs' "
+                       "histories are not worked off; lengthen --warmup")
+    elif life < MIN_LIFETIMES_BEFORE:
         why.append(f"TRANSIENT: {ended_before} of {programs} programs had ended before the window "
                    f"(< {MIN_LIFETIMES_BEFORE:g} lifetimes): the first programs are still in their first "
                    "steps, contexts below their steady mean; lengthen --warmup")
     if spp < MIN_STEPS_PER_PROGRAM:
         why.append(f"COARSE: {spp:.1f} steps per program in the window (< {MIN_STEPS_PER_PROGRAM:g}): "
                    "steps end in waves and the count swings by a wave; lengthen --duration")
-    return {"steps_per_program": round(spp, 2), "lifetimes_before": round(life, 2), "warning": "; ".join(why)}
+    out: dict[str, Any] = {"steps_per_program": round(spp, 2), "lifetimes_before": round(life, 2)}
+    if warm_start:
+        out["warm_start"] = True
+        out["steps_before_per_program"] = round(steps_before / n, 2)
+    out["warning"] = "; ".join(why)
+    return out

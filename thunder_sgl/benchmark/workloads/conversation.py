@@ -61,6 +61,12 @@ def instance_text(spec: ProgramSpec) -> str:
     )
 
 
+def history_reply_text(spec: ProgramSpec, step: int) -> str:
+    """The assistant reply of a step before ``spec.start_step`` (a warm-started program's
+    history: it was never asked of a model, so it is text of the step's output size)."""
+    return text(spec.steps[step].output_tokens, f"reply:{spec.program_id}:{step}")
+
+
 def observation_text(spec: ProgramSpec, step: int) -> str:
     """The tool observation appended after LLM call ``step`` of ``spec``."""
     s = spec.steps[step]
@@ -72,7 +78,8 @@ def observation_text(spec: ProgramSpec, step: int) -> str:
 
 
 class Conversation:
-    """The growing request of one program."""
+    """The growing request of one program (from ``spec.start_step``: the history before it is
+    in the first request)."""
 
     def __init__(
         self,
@@ -101,6 +108,8 @@ class Conversation:
             {"role": "system", "content": system_text},
             {"role": "user", "content": instance_text(spec)},
         ]
+        for step in range(spec.start_step):
+            self.add_reply(step, history_reply_text(spec, step))
 
     @property
     def program_id(self) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +128,11 @@ class ProgramSpec:
     task: int | None = None
     """Index of the task whose instance the program shares with its group (its token ids are
     the task's, ``des.tokens``); None: the instance is the program's own."""
+    start_step: int = 0
+    """First LLM call the driver sends (``warm_start``): the steps before it are history, whose
+    replies and observations the first request already carries. 0: the program starts new."""
+    start_wait_s: float = 0.0
+    """Workload seconds before that first call (the rest of the previous step's tool time)."""
 
     def prompt_tokens_at(self, step: int) -> int:
         """Nominal prompt tokens of LLM call ``step``: system + instance + every earlier output
@@ -201,19 +206,45 @@ def generate_programs(profile: WorkloadProfile, seed: int, start: int = 0) -> It
         index += 1
 
 
+def warm_start(spec: ProgramSpec, seed: int) -> ProgramSpec:
+    """``spec`` joined mid-life, as a closed loop at its steady state holds it: at a step drawn
+    uniformly from its steps, after a wait drawn uniformly from the previous step's tool time
+    (the slot is mid-tool). A pure function of ``(seed, spec.index)``, independent of the
+    program's own draws.
+
+    A closed loop of N programs that all start at step 0 needs about one program lifetime to
+    reach its steady state (every context starts at its smallest, programs that start together
+    step together); N programs started this way carry contexts of the steady mix from the first
+    request, and their steps are spread out. What stays transient is that their KV is in no
+    cache yet: each program's first request prefills its whole history (a cold start of one
+    step per program, ``measures.derived.window_check``). The steady state holds a program with
+    probability proportional to its length; a uniform step of the next program in the sequence
+    ignores that length bias (small where steps per program vary little)."""
+    digest = hashlib.sha256(f"thunder-warm-start:{seed}:{spec.index}".encode()).digest()
+    rng = random.Random(int.from_bytes(digest[:8], "big"))
+    k = rng.randrange(len(spec.steps))
+    wait = rng.random() * spec.steps[k - 1].tool_seconds if k else 0.0
+    return replace(spec, start_step=k, start_wait_s=wait)
+
+
 class ProgramSource:
     """Hands out the programs of ``(profile, seed)`` in order, up to ``limit`` (None: no end).
 
     The closed-loop driver and a DES share this contract: a slot that finishes a program asks
-    ``next()`` for the following one; ``None`` means the workload is exhausted.
+    ``next()`` for the following one; ``None`` means the workload is exhausted. The first
+    ``warm`` programs (one per slot of a closed loop) start mid-life (``warm_start``); the
+    programs are the same either way.
     """
 
-    def __init__(self, profile: WorkloadProfile, seed: int, limit: int | None = None) -> None:
+    def __init__(self, profile: WorkloadProfile, seed: int, limit: int | None = None, warm: int = 0) -> None:
         if limit is not None and limit < 0:
             raise ValueError("limit must be >= 0")
+        if warm < 0:
+            raise ValueError("warm must be >= 0")
         self.profile = profile
         self.seed = seed
         self.limit = limit
+        self.warm = warm
         self.issued = 0
         """Programs handed out so far."""
 
@@ -221,6 +252,8 @@ class ProgramSource:
         if self.limit is not None and self.issued >= self.limit:
             return None
         spec = program_at(self.profile, self.seed, self.issued)
+        if self.issued < self.warm:
+            spec = warm_start(spec, self.seed)
         self.issued += 1
         return spec
 
