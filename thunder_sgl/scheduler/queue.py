@@ -137,7 +137,8 @@ def build(waiting: Iterable[Program], cfg: SchedulerConfig, now: float, room: fl
           hbm_room: float = INF) -> tuple[list[Waiting], Smallest]:
     """The queue as a heap of the entries that may fit under ``room`` / ``hbm_room`` (the most
     of any open backend), plus the reserving long waiter; and the smallest needs among them.
-    (The hot loop of a tick with thousands waiting: ``item`` and ``_needs`` written out.)"""
+    (The hot loop of a tick with thousands waiting: ``item``, ``_needs`` and the cache check
+    of ``cost_of`` written out.)"""
     default_out = float(cfg.default_output_tokens)
     heap: list[Waiting] = []
     smallest = Smallest()
@@ -155,10 +156,12 @@ def build(waiting: Iterable[Program], cfg: SchedulerConfig, now: float, room: fl
         g = p.group
         if g is not None and g.done and group_bonus:
             since -= group_bonus * g.done_share
-        pc = cost_of(p, default_out)
-        it = _new(Waiting, (since, pc.tokens, p.id, p, pc))
-        need = pc.private
-        hneed = pc.hbm if gate and held else -INF
+        pc = p.cost_cache  # cost_of's cache check, written out as in capacity.BackendLoad.account
+        if pc is None or pc[7] or (pc[9] != default_out and p.expected_output_tokens <= 0):  # type: ignore[index]
+            pc = cost_of(p, default_out)
+        it = _new(Waiting, (since, pc[0], p.id, p, pc))  # type: ignore[index]
+        need = pc[4]  # type: ignore[index]
+        hneed = pc[5] if gate and held else -INF  # type: ignore[index]
         if need > room or hneed > hbm_room:
             if now - waited_from >= reserve_after and (blocker is None or it < blocker):
                 blocker = it

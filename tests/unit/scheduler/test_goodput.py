@@ -318,3 +318,18 @@ def test_probe_comparisons_allow_for_counts_that_vary_more_than_poisson():
     assert _dispersion(swinging) > 10
     assert _beats(1.3, 520, 1.0, 400, 0.05, 1.5, _dispersion(steady))
     assert not _beats(1.3, 520, 1.0, 400, 0.05, 1.5, _dispersion(swinging))
+
+
+def test_the_states_fast_copy_equals_dataclasses_replace():
+    from thunder_sgl.scheduler.goodput import _with
+    s = AdmissionState(extra=1.5, protect=7.0, level=3, bias=-1, smoothed=(1.0, 2.0), at=4.0, snap=(1.0,),
+                       engine=CPU, block=(1.0, 2.0, 3.0), ceiling=2, confirm=True, n=3.5)
+    for changes in ({}, {"at": 5.0}, {"level": 0, "win_steps": 0, "win_s": 0.0, "settle": 1},
+                    {"dec": DecodeFit(), "pre": PrefillFit(), "engine": None, "protect": math.inf}):
+        fast, slow = _with(s, **changes), dataclasses.replace(s, **changes)
+        assert type(fast) is AdmissionState and fast == slow
+        assert all(getattr(fast, f.name) is getattr(slow, f.name) for f in dataclasses.fields(AdmissionState))
+    assert s == AdmissionState(extra=1.5, protect=7.0, level=3, bias=-1, smoothed=(1.0, 2.0), at=4.0, snap=(1.0,),
+                               engine=CPU, block=(1.0, 2.0, 3.0), ceiling=2, confirm=True, n=3.5)  # not written
+    with pytest.raises((AttributeError, TypeError)):
+        _with(s, no_such_field=1)
