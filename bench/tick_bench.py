@@ -7,6 +7,8 @@ ticks onto 64 GLM-4.6-like backends (1.05 M HBM tokens, host tier ×2), contexts
 tokens, 40% reasoning, the rest acting for up to 30 s; the cluster is oversubscribed, so the
 queue is long and every tick pauses and restores some programs. Reports the median and p90
 of ``tick`` (decisions computed, not applied) and of a cold-start tick (all programs new).
+Each tick's decisions are then applied and its admission states kept on the backends, as the
+controller does (``control.controller``), so the goodput rule updates a running state.
 With ``--group-size G`` the programs are groups of G samples of one task (RL rollouts) sharing
 a 1,000-token task prompt, and placement is the group-aware one (``GroupPicker``).
 
@@ -81,6 +83,7 @@ def main() -> None:
     args = ap.parse_args()
 
     policy, table, backends = build(args.programs, args.backends, group_size=args.group_size)
+    by_key = {b.key: b for b in backends}
     rng = random.Random(3)
     now, first, best, decisions = 5.0, [], [], []
     for _ in range(args.repeat):
@@ -95,6 +98,8 @@ def main() -> None:
         best.append(min(times))
         decisions.append((len(d.pauses), len(d.placements)))
         apply(d, table, now)
+        for key, level in d.admission.items():  # kept for the next tick, as the controller keeps it
+            by_key[key].admission = level
     active = sum(1 for p in table if p.active)
     print(f"programs={len(table)} backends={len(backends)} active={active} waiting={table.waiting_count}; "
           f"pauses/placements per tick (mean): {statistics.mean(a for a, _ in decisions):.1f}/"
