@@ -190,6 +190,10 @@ model:
   head_dim: {size.width // size.heads}
   hidden_size: {size.width}
   context_length: {info.get("context_length") or 16384}
+  # How this tokenizer and random-weight model size an agent's requests (not measured here:
+  # python bench/real/retokenize_check.py over real benchmark runs, 2026-12-03, small model)
+  text_tokens_per_nominal: 1.027
+  reply_tokens_per_output: 1.31
 hardware:
   gpu_name: cpu-2-cores      # reported only
 timing:

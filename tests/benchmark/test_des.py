@@ -160,3 +160,29 @@ def test_a_warm_start_begins_with_contexts_of_the_steady_mix() -> None:
     assert r.window_check["warm_start"] and "steps_before_per_program" in r.window_check
     again = DesRun(CLUSTER, 2, "thunder", PROFILE, 30, 30.0, warmup_s=10.0, warm_start=True).run()
     assert dataclasses.asdict(again)["steps_per_min"] == r.steps_per_min
+
+
+@pytest.mark.parametrize("reply", [1.0, 1.5])
+def test_answers_come_back_as_the_models_tokenizer_makes_them(reply: float) -> None:
+    """``model.reply_tokens_per_output``: an answer sent back as text re-encodes to its own
+    tokens (1.0: the next call hits the cache through it) or to more, other tokens (the CPU
+    engine's random-weight model: the hit ends where the answer starts).
+    ``model.text_tokens_per_nominal`` scales the workload's text."""
+    from thunder_sgl.benchmark.des.tokens import FIRST_TEMPLATE_TOKENS, STEP_TEMPLATE_TOKENS
+
+    cfg = load_sim_config("tiny", {"hicache.enabled": False, "model.reply_tokens_per_output": reply,
+                                   "model.text_tokens_per_nominal": 1.1})
+    d = DesRun(cfg, 1, "direct", PROFILE, 1, 60.0, seed=4)
+    d.run()
+    spec = program_at(PROFILE, 4, 0)
+    calls = sorted(d.rec.calls, key=lambda c: c[1])[:len(spec.steps)]  # the first program's (one at a time)
+    assert len(calls) >= 3
+    assert calls[0][2] == round(400 * 1.1) + round(spec.instance_tokens * 1.1) + FIRST_TEMPLATE_TOKENS
+    for k, (a, b) in enumerate(zip(calls, calls[1:], strict=False)):
+        grown = b[2] - a[2]
+        answer = round(a[4] * reply)
+        assert grown == answer + round(spec.steps[k].observation_tokens * 1.1) + STEP_TEMPLATE_TOKENS
+        if reply == 1.0:
+            assert b[3] >= a[2] + a[4] - 1  # the answer's KV reused
+        else:
+            assert a[2] - 1 <= b[3] <= a[2]  # the hit ends at the answer

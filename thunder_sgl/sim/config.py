@@ -75,6 +75,21 @@ class ModelSpec:
     context_length: int = 32768
     """Longest prompt + output accepted (``max_model_len``)."""
 
+    text_tokens_per_nominal: float = 1.0
+    """Tokens the model's tokenizer makes of the benchmark's text per nominal token
+    (``textgen``: 4 characters a token). Scales the system prompt, tasks and observations of DES
+    programs. The CPU engine's tokenizer: 1.027 (``bench/real/retokenize_check.py``)."""
+
+    reply_tokens_per_output: float = 1.0
+    """Tokens an answer takes in the next request per output token. Agents send the answer back
+    as text and the chat template tokenizes it again: a trained model's output re-encodes to the
+    same tokens (1.0), and the next request hits the cache through the answer. The CPU engine's
+    random-weight model emits token sequences no tokenizer makes; their text re-encodes to 1.31
+    times as many other tokens, and the next request's cache hit ends where the answer starts
+    (measured over 31,000 pairs of consecutive calls of the real grids,
+    ``bench/real/retokenize_check.py``). In the DES an answer then comes back as that many
+    fresh ids; 1.0: the output ids themselves."""
+
     def __post_init__(self) -> None:
         _check(self.num_layers >= 1 and self.num_attention_heads >= 1, "model layers/heads must be >= 1")
         _check(self.num_kv_heads >= 1 and self.head_dim >= 1, "model kv heads/head_dim must be >= 1")
@@ -84,6 +99,8 @@ class ModelSpec:
         _check(not moe or 0 < self.experts_per_token <= self.num_experts, "MoE needs 0 < experts_per_token <= num_experts")
         _check(self.weight_bytes_per_param > 0 and self.kv_bytes_per_element > 0, "byte sizes must be > 0")
         _check(self.context_length >= 16, "model.context_length must be >= 16")
+        _check(self.text_tokens_per_nominal > 0 and self.reply_tokens_per_output > 0,
+               "model.text_tokens_per_nominal and reply_tokens_per_output must be > 0")
 
     @property
     def name(self) -> str:

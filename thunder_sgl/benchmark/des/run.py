@@ -104,7 +104,8 @@ class DesRun:
         self.sample_every_s, self.progress = sample_every_s, progress
         self.rec = Recorder(warmup_s, warmup_s + duration_s)
         self.workers = [SimWorker(self.cfg, i) for i in range(nodes)]
-        self.layout = TokenLayout(self.profile, seed)
+        self.layout = TokenLayout(self.profile, seed, self.cfg.model.text_tokens_per_nominal,
+                                  self.cfg.model.reply_tokens_per_output)
         self.source = ProgramSource(self.profile, seed, warm=programs if warm_start else 0)
         self.warm_start = warm_start
         self.agents: dict[str, Agent] = {}

@@ -54,15 +54,24 @@ def _ids(rng: np.random.Generator, n: int) -> bytes:
 class TokenLayout:
     """The shared system prompt of a profile and each program's token stream."""
 
-    def __init__(self, profile: WorkloadProfile, seed: int) -> None:
+    def __init__(self, profile: WorkloadProfile, seed: int, text_ratio: float = 1.0,
+                 reply_ratio: float = 1.0) -> None:
         self.profile = profile
+        self.text_ratio = text_ratio
+        """Tokens per nominal token of the workload's text (``ModelSpec.text_tokens_per_nominal``)."""
+        self.reply_ratio = reply_ratio
+        """Tokens per output token of an answer sent back (``ModelSpec.reply_tokens_per_output``)."""
         self.seed = seed
         name_hash = zlib.crc32(profile.name.encode())
         self._name_hash = name_hash
-        system = _ids(np.random.default_rng([name_hash, 0x5157]), profile.system_prompt_tokens)
+        system = _ids(np.random.default_rng([name_hash, 0x5157]), self.tokens(profile.system_prompt_tokens))
         self.shared_prefix = _SYSTEM + system + _END + _USER
         """Packed tokens every program of the profile starts with."""
         self.shared_tokens = len(self.shared_prefix) >> 2
+
+    def tokens(self, nominal: int) -> int:
+        """Tokens of ``nominal`` tokens of the workload's text."""
+        return nominal if self.text_ratio == 1.0 else round(nominal * self.text_ratio)
 
     def program(self, spec: ProgramSpec) -> ProgramTokens:
         rng = np.random.default_rng([self._name_hash, self.seed & 0xFFFFFFFF, spec.index])
@@ -72,32 +81,46 @@ class TokenLayout:
 class ProgramTokens:
     """The growing prompt of one program."""
 
-    __slots__ = ("spec", "rng", "prompt", "step")
+    __slots__ = ("spec", "rng", "prompt", "step", "layout", "replies")
 
     def __init__(self, layout: TokenLayout, spec: ProgramSpec, rng: np.random.Generator) -> None:
         self.spec = spec
         self.rng = rng
+        self.layout = layout
+        self.replies: np.random.Generator | None = None
+        """Ids of answers sent back re-tokenized (``reply_ratio`` ≠ 1) and of a warm start's history."""
         if spec.task is None:
-            instance = _ids(rng, spec.instance_tokens)
+            instance = _ids(rng, layout.tokens(spec.instance_tokens))
         else:
             instance = _ids(np.random.default_rng([layout._name_hash, layout.seed & 0xFFFFFFFF, 0x7A5C, spec.task]),
-                            spec.instance_tokens)
+                            layout.tokens(spec.instance_tokens))
         self.prompt = layout.shared_prefix + instance + _END + _ASSISTANT
         """Packed tokens of the next request."""
         self.step = 0
-        if spec.start_step:  # a warm start: the history's replies from a generator of their own
-            replies = np.random.default_rng([layout._name_hash, layout.seed & 0xFFFFFFFF, spec.index, 0x4E91])
-            while self.step < spec.start_step:
-                self.add_reply(array("I", _ids(replies, spec.steps[self.step].output_tokens)))
+        while self.step < spec.start_step:  # a warm start: the history's answers, never computed
+            n = round(spec.steps[self.step].output_tokens * layout.reply_ratio)
+            self.add_reply(array("I", _ids(self._replies(), n)), fresh=True)
 
     @property
     def prompt_tokens(self) -> int:
         return len(self.prompt) >> 2
 
-    def add_reply(self, output_ids: array) -> None:
-        """Append the answer of the current step and, unless it was the last, its observation."""
-        obs = self.spec.steps[self.step].observation_tokens
+    def _replies(self) -> np.random.Generator:
+        if self.replies is None:
+            lay = self.layout
+            self.replies = np.random.default_rng([lay._name_hash, lay.seed & 0xFFFFFFFF, self.spec.index, 0x4E91])
+        return self.replies
+
+    def add_reply(self, output_ids: array, fresh: bool = False) -> None:
+        """Append the answer of the current step and, unless it was the last, its observation.
+        The answer goes back as ``output_ids`` when the model's output re-encodes to itself
+        (``reply_ratio`` 1), else as ``reply_ratio`` × as many other ids (the text of the output,
+        tokenized again: its KV is not the output's). ``fresh``: ids already of an answer's text."""
+        obs = self.layout.tokens(self.spec.steps[self.step].observation_tokens)
         self.step += 1
+        ratio = self.layout.reply_ratio
+        if ratio != 1.0 and not fresh:
+            output_ids = array("I", _ids(self._replies(), round(len(output_ids) * ratio)))
         tail = output_ids.tobytes() + _END
         if self.step < len(self.spec.steps):
             tail += _USER + _ids(self.rng, obs) + _END + _ASSISTANT

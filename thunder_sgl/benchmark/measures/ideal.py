@@ -89,26 +89,34 @@ class WorkloadStats:
 
 
 @lru_cache(maxsize=32)
-def workload_stats(profile: WorkloadProfile, samples: int = STAT_SAMPLES) -> WorkloadStats:
-    """Statistics of ``profile`` from programs 0..samples−1 of seed 0 (pure, cached)."""
+def workload_stats(profile: WorkloadProfile, samples: int = STAT_SAMPLES, text: float = 1.0,
+                   reply: float = 1.0) -> WorkloadStats:
+    """Statistics of ``profile`` from programs 0..samples−1 of seed 0 (pure, cached), in the
+    tokens of a model whose tokenizer makes ``text`` tokens of a nominal one and whose answers
+    come back as ``reply`` tokens per output token (``ModelSpec``; 1 and 1: the nominal sizes,
+    the answer's KV reused; else the answer is new prompt, as the DES sends it)."""
     reasoning = acting_z = outputs = new = tools = 0.0
     steps = 0
-    shared = profile.system_prompt_tokens + SHARED_TEMPLATE_TOKENS
+    system = profile.system_prompt_tokens if text == 1.0 else round(profile.system_prompt_tokens * text)
+    shared = system + SHARED_TEMPLATE_TOKENS
     for i in range(samples):
         spec = program_at(profile, 0, i)
         out = np.array([s.output_tokens for s in spec.steps], dtype=np.float64)
-        obs = np.array([s.observation_tokens for s in spec.steps], dtype=np.float64)
+        obs = np.array([s.observation_tokens for s in spec.steps], dtype=np.float64) * text
         z = np.array([s.tool_seconds for s in spec.steps], dtype=np.float64)
-        growth = out + obs + STEP_TEMPLATE_TOKENS
-        first = profile.system_prompt_tokens + spec.instance_tokens + FIRST_TEMPLATE_TOKENS
+        answer = out * reply
+        growth = answer + obs + STEP_TEMPLATE_TOKENS
+        first = system + spec.instance_tokens * text + FIRST_TEMPLATE_TOKENS
         prompt = first + np.concatenate(([0.0], np.cumsum(growth[:-1])))
         reasoning += float(np.sum(prompt + out / 2))
         acting_z += float(np.sum((prompt + out) * z))
         outputs += float(out.sum())
         tools += float(z.sum())
         # first step: everything but the shared prefix; later: observation + template + the
-        # previous answer's last token (its KV was never computed)
-        new += (first - shared) + float(np.sum(obs[:-1] + STEP_TEMPLATE_TOKENS + 1))
+        # previous answer's last token (its KV was never computed), or the whole answer when it
+        # comes back as other tokens
+        back = answer[:-1] if reply != 1.0 else 1.0
+        new += (first - shared) + float(np.sum(obs[:-1] + STEP_TEMPLATE_TOKENS + back))
         steps += len(spec.steps)
     return WorkloadStats(outputs / steps, new / steps, tools / steps, float(shared), steps / samples,
                          reasoning / steps, acting_z / steps)
@@ -267,7 +275,7 @@ def ideal_bound(
         raise ValueError("need nodes >= 1 and programs >= 0")
     cfg = load_sim_config(cluster) if isinstance(cluster, str) else cluster
     prof = load_profile(profile) if isinstance(profile, str) else profile
-    st = workload_stats(prof)
+    st = workload_stats(prof, text=cfg.model.text_tokens_per_nominal, reply=cfg.model.reply_tokens_per_output)
     r = Roofline.from_config(cfg)
     # c̄ is weighted by the uncongested step time, which itself depends on c̄: a few rounds
     r_min = st.output * decode_step(r, 1, 0) + 1e-3
