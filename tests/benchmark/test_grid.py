@@ -77,3 +77,24 @@ def test_run_grid_runs_each_cell_and_repeat_and_tabulates_thunder_against_the_be
     summary = json.loads((root / "grid.json").read_text())["summary"]
     assert summary[0]["spread"]["thunder"] == pytest.approx(0.5)
     assert (root / "profiles" / f"{cells[0].profile_name}.yaml").exists()
+
+
+def test_merge_concatenates_parts_or_replaces_the_cells_a_later_part_reran(tmp_path):
+    def part(name, rows):
+        d = tmp_path / name
+        d.mkdir()
+        grid.write_grid(d, rows, "t")
+        return d
+
+    def row(cell, router, spm, window=""):
+        return {"cell": cell, "share": 0.2, "tool_s": 8.0, "output": 16, "multiple": 4, "programs": 20, "repeat": 1,
+                "router": router, "steps_per_min": spm, "kv_hit_rate": 0.5, "failed": False, "admission": "",
+                "window": window}
+
+    a = part("a", [row("ctx20-tool8-out16-x4", "thunder", 60.0, "transient"), row("ctx20-tool8-out16-x4", "direct", 80.0),
+                   row("ctx05-tool2-out16-x2", "thunder", 100.0), row("ctx05-tool2-out16-x2", "direct", 50.0)])
+    b = part("b", [row("ctx20-tool8-out16-x4", "thunder", 75.0), row("ctx20-tool8-out16-x4", "direct", 76.0)])
+    both = json.loads((grid.merge([a, b], tmp_path / "m", "t").parent / "grid.json").read_text())["rows"]
+    assert len(both) == 6
+    rows = json.loads((grid.merge([a, b], tmp_path / "r", "t", replace=True).parent / "grid.json").read_text())["rows"]
+    assert len(rows) == 4 and {r["steps_per_min"] for r in rows if r["cell"] == "ctx20-tool8-out16-x4"} == {75.0, 76.0}

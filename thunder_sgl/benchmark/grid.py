@@ -254,11 +254,17 @@ def write_grid(root: Path, rows: list[dict[str, Any]], title: str) -> None:
     (root / "grid.csv").write_text("\n".join([",".join(keys)] + [",".join(str(r.get(k, "")) for k in keys) for r in rows]) + "\n")
 
 
-def merge(parts: list[Path], out: Path, title: str) -> Path:
-    """One grid from several (cells split across processes): rows concatenated, table rewritten."""
+def merge(parts: list[Path], out: Path, title: str, replace: bool = False) -> Path:
+    """One grid from several (cells split across processes): rows concatenated, table rewritten.
+    ``replace``: a cell's rows in a later part replace the earlier parts' rows of that cell (a
+    rerun of some cells, e.g. with a longer window where the first run's was transient)."""
     rows: list[dict[str, Any]] = []
     for p in parts:
-        rows += json.loads((p / "grid.json").read_text())["rows"]
+        new = json.loads((p / "grid.json").read_text())["rows"]
+        if replace:
+            again = {r["cell"] for r in new}
+            rows = [r for r in rows if r["cell"] not in again]
+        rows += new
     out.mkdir(parents=True, exist_ok=True)
     write_grid(out, rows, title)
     return out / "grid.md"
@@ -272,8 +278,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("parts", nargs="+", type=Path, help="grid directories (each with grid.json)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--title", default="des mode, 1 × sglang-cpu-gpt2-small-t1", help="the table's heading")
+    ap.add_argument("--replace", action="store_true",
+                    help="a cell in a later part replaces that cell's rows of the earlier parts")
     args = ap.parse_args(argv)
-    print(merge(args.parts, args.out, args.title))
+    print(merge(args.parts, args.out, args.title, args.replace))
     return 0
 
 
