@@ -1,8 +1,11 @@
-import sys, dataclasses
+import dataclasses
+import sys
+
 from thunder_sgl.benchmark.des.run import run_des
 from thunder_sgl.benchmark.grid import parse_cells
 from thunder_sgl.benchmark.workloads.profile import WorkloadProfile
-from thunder_sgl.config import RouterConfig, SchedulerConfig, AdmissionConfig
+from thunder_sgl.config import RouterConfig
+
 cell = parse_cells(sys.argv[1])[0]
 prof = WorkloadProfile.from_dict(cell.profile(24576))
 n = cell.programs(24576, 1)
