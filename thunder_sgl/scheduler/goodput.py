@@ -96,6 +96,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from functools import cache
 from operator import attrgetter
 from typing import Any, NamedTuple
 
@@ -542,7 +543,7 @@ def update(state: AdmissionState | None, b: Backend, v: BackendView, now: float,
     if len(st.smoothed) == len(rates) and all(r > 0 for r in st.smoothed):
         rates = [m + ac.cost_ema_alpha * (r - m) for m, r in zip(st.smoothed, rates, strict=True)]
     _write(st, smoothed=tuple(rates))
-    best = _best([c._replace(rate=r) for c, r in zip(choices, rates, strict=True)], ac.min_gain, st.model_level)
+    best = _best(rates, ac.min_gain, st.model_level)
     streak = st.model_streak + 1 if best == st.model_next else 1
     if best != st.model_level and streak >= MODEL_HOLD:  # a preference held MODEL_HOLD periods
         _write(st, model_level=best, model_next=best, model_streak=streak, churn=churn)
@@ -623,14 +624,14 @@ def _choices(v: BackendView, lp: Loop, e: Engine | None, ac: AdmissionConfig, le
     # above them
     need = max(0.0, float(v.supply) * w - base) if v.supply else ac.max_overcommit * v.pool
     top = max(min(ac.max_overcommit * v.pool, need), w)
-    extras = [top * level_share(j, ac.levels) for j in range(ac.levels + 1)]
+    extras = [top * share for share in level_shares(ac.levels)]
     # the top level admits everything there is with room to spare (demand swings as acting
     # programs' weights decay and come back): up to max_overcommit, so at the top nothing is
     # paused for lack of room — request-level service, with the references that pay
     extras[-1] = max(extras[-1], min(ac.max_overcommit * v.pool, 2.0 * top))
     ns = [max(1.0, min(float(v.supply), (base + x) / w) if v.supply else (base + x) / w) for x in extras]
     if e is None:
-        return [Choice(extras[j], math.inf, ns[j], min(ns[j], k_fit), 0.0) for j in range(ac.levels + 1)], 0.0
+        return [Choice(x, math.inf, n, min(n, k_fit), 0.0) for x, n in zip(extras, ns, strict=True)], 0.0
     n_cur = ns[min(level, ac.levels)]
     churn = 0.0
     if tokens_per_step > 0:
@@ -659,11 +660,16 @@ def level_share(j: int, levels: int) -> float:
     return (g ** j - 1.0) / (g ** levels - 1.0)
 
 
-def _best(choices: list[Choice], min_gain: float, current: int) -> int:
-    """The level with the highest predicted rate, with hysteresis: leaving level 0, or the
-    current choice, needs a predicted gain of ``min_gain``; among levels within it of the best,
-    the lowest (fewer programs, less at risk)."""
-    rates = [c.rate for c in choices]
+@cache
+def level_shares(levels: int) -> tuple[float, ...]:
+    """``level_share`` of every level ``0…levels`` (computed once per ``levels``)."""
+    return tuple(level_share(j, levels) for j in range(levels + 1))
+
+
+def _best(rates: list[float], min_gain: float, current: int) -> int:
+    """The level with the highest predicted rate (``rates``, by level), with hysteresis: leaving
+    level 0, or the current choice, needs a predicted gain of ``min_gain``; among levels within
+    it of the best, the lowest (fewer programs, less at risk)."""
     top = max(rates)
     if top <= 0 or top <= rates[0] * (1.0 + min_gain):
         return 0
