@@ -75,6 +75,7 @@ def expected_output(p: Program, default_output: float) -> float:
 
 _REASONING = Phase.REASONING
 _new = tuple.__new__
+_set = object.__setattr__
 
 
 def program_cost(p: Program, default_output: float) -> ProgramCost:
@@ -107,7 +108,9 @@ def cost_of(p: Program, default_output: float) -> ProgramCost:
                 p.expected_output_tokens > 0 or pc[9] == expected_output(p, default_output)):
             return pc  # type: ignore[no-any-return]
     pc = program_cost(p, default_output)
-    p.cost_cache = pc
+    # past Program.__setattr__: its hook clears this cache when a cost input is written, and
+    # the cache is not one (a Python call saved per changed program per tick)
+    _set(p, "cost_cache", pc)
     return pc
 
 

@@ -87,14 +87,16 @@ once a fresh window at its level, after the same settling, beats the rate before
 On an engine whose batch gains nothing (``d0 = 0``, ``a = 0``) and that the programs that fit
 already keep busy, more programs only add
 recompute, so level 0 wins and the rule is the fixed watermarks. Pure and deterministic:
-``update`` takes the previous state, the backend's counters and time, returns the next state
-(the tick stores it on the backend through ``Decisions``).
+``update`` takes the previous state, the backend's counters and time, returns the next state,
+a new one (the state it is given is never written; the tick stores the new one on the backend
+through ``Decisions``).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from functools import cache
 from operator import attrgetter
 from typing import Any, NamedTuple
 
@@ -446,6 +448,19 @@ def _with(st: AdmissionState, **changes: Any) -> AdmissionState:
     return new
 
 
+def _write(st: AdmissionState, **changes: Any) -> None:
+    """Write ``changes`` into ``st``, a state that ``update`` copied this period (``_with``)
+    and has not returned yet: no one else holds it, so it is still being built, as the
+    frozen ``__init__`` builds a state. ``update`` copies the state it is given once and
+    writes each later step of the period into that copy (it and its step functions below:
+    ``_confirm``, ``_set_level``, ``_maybe_probe``, ``_end_probe``, ``_apply``) instead of
+    copying all 48 fields at each step, seven on average — 1.8 ms of a tick over 64 backends.
+    The state given and the state returned stay immutable; only the one in the making is
+    written."""
+    for name, value in changes.items():
+        _set(st, name, value)
+
+
 @dataclass(frozen=True, slots=True)
 class BackendView:
     """What the tick knows of a backend when it updates the rule."""
@@ -503,17 +518,18 @@ def update(state: AdmissionState | None, b: Backend, v: BackendView, now: float,
     # (a poll between the iterations of a long decode), and clipping each period's share at 1,
     # or a short average, read a saturated engine as idle a third of the time
     busy = max(0.0, (dpre + d[7]) / dt) if b.live.reports_busy else 1.0
+    # the period's one copy of the state: every later step of this update writes into it (``_write``)
     st = _with(st, at=now, snap=cur, dec=dec, pre=pre, engine=engine, block=(bs, bt, bp),
-                 busy=st.busy + (1.0 - keep) * (busy - st.busy))
+               busy=st.busy + (1.0 - keep) * (busy - st.busy))
     # 4. the window measured at the current level
     if st.settle:
-        st = _with(st, settle=st.settle - 1)
+        _write(st, settle=st.settle - 1)
     else:
-        st = _with(st, win_steps=st.win_steps + int(dsteps), win_s=st.win_s + dt, win_n=st.win_n + 1,
-                     win_sq=st.win_sq + dsteps * dsteps)
-    st = _with(st, measured=st.win_steps / st.win_s if st.win_s > 0 else 0.0)
+        _write(st, win_steps=st.win_steps + int(dsteps), win_s=st.win_s + dt, win_n=st.win_n + 1,
+               win_sq=st.win_sq + dsteps * dsteps)
+    _write(st, measured=st.win_steps / st.win_s if st.win_s > 0 else 0.0)
     if st.level == 0 and not st.probe and st.win_steps >= ac.probe_min_steps:
-        st = _with(st, fixed_rate=st.measured, fixed_steps=st.win_steps)
+        _write(st, fixed_rate=st.measured, fixed_steps=st.win_steps)
     # 2–3. the model and its choice
     lp = Loop(tool_s=b.served.tool_s, context=v.context, shared=v.shared,
               output=dout / dsteps if dsteps > 0 else v.output,
@@ -526,48 +542,49 @@ def update(state: AdmissionState | None, b: Backend, v: BackendView, now: float,
     rates = [c.rate for c in choices]
     if len(st.smoothed) == len(rates) and all(r > 0 for r in st.smoothed):
         rates = [m + ac.cost_ema_alpha * (r - m) for m, r in zip(st.smoothed, rates, strict=True)]
-    st = _with(st, smoothed=tuple(rates))
-    best = _best([c._replace(rate=r) for c, r in zip(choices, rates, strict=True)], ac.min_gain, st.model_level)
+    _write(st, smoothed=tuple(rates))
+    best = _best(rates, ac.min_gain, st.model_level)
     streak = st.model_streak + 1 if best == st.model_next else 1
     if best != st.model_level and streak >= MODEL_HOLD:  # a preference held MODEL_HOLD periods
-        st = _with(st, model_level=best, model_next=best, model_streak=streak, churn=churn)
+        _write(st, model_level=best, model_next=best, model_streak=streak, churn=churn)
     else:
-        st = _with(st, model_next=best, model_streak=streak, churn=churn)
+        _write(st, model_next=best, model_streak=streak, churn=churn)
     if st.probe:
         # a probe lasts probe_periods, and longer (up to 4×) until it has counted as many
         # steps as the window it is compared with needs (probe_min_steps)
         short = st.win_steps < ac.probe_min_steps and st.probe_left > -3 * ac.probe_periods
         if st.probe_left > 1 or short:
-            st = _with(st, probe_left=st.probe_left - 1)
+            _write(st, probe_left=st.probe_left - 1)
         else:
-            st = _end_probe(st, ac, now, cycle)
+            _end_probe(st, ac, now, cycle)
     else:
-        st = _with(st, since_probe=st.since_probe + 1)
+        _write(st, since_probe=st.since_probe + 1)
     if st.ceiling < 1 << 30 and now - st.ceiling_at > MAX_BACKOFF * ac.probe_every_periods * cfg.tick_seconds:
-        st = _with(st, ceiling=1 << 30)
+        _write(st, ceiling=1 << 30)
     if st.confirm and st.probe == 0 and st.win_steps >= ac.probe_min_steps \
             and st.win_s >= ac.probe_periods * cfg.tick_seconds:
-        st = _confirm(st, ac)
+        _confirm(st, ac)
     target = min(max(st.model_level + st.bias, 0), ac.levels, st.ceiling)
     if st.probe == 0 and target != st.level:
-        st = _set_level(st, target)
+        _set_level(st, target)
         if st.confirm:  # the level a won probe led to: confirmed afresh after a whole cycle
-            st = _with(st, settle=cycle)
+            _write(st, settle=cycle)
     elif st.probe == 0 and not st.confirm and st.win_steps >= ac.probe_min_steps:
-        st = _maybe_probe(st, ac, v, choices, cfg.tick_seconds, cycle)
-    return _apply(st, choices)
+        _maybe_probe(st, ac, v, choices, cfg.tick_seconds, cycle)
+    _apply(st, choices)
+    return st
 
 
-def _confirm(st: AdmissionState, ac: AdmissionConfig) -> AdmissionState:
+def _confirm(st: AdmissionState, ac: AdmissionConfig) -> None:
     """A probe up that won is kept only if a whole window at its level, measured afresh after
     a settling period, beats the rate before the probe: a probe up is measured while the
     programs it admits send the requests they had waiting, a burst the level cannot keep up
     once their evictions come due. Otherwise the bias returns and the next probe up waits
     twice as long."""
     if st.measured > st.confirm_rate:
-        return _with(st, confirm=False, up_wait=1)
-    return _with(st, confirm=False, bias=max(st.bias - 1, -ac.max_bias),
-                   up_wait=min(MAX_BACKOFF, st.up_wait * 2))
+        _write(st, confirm=False, up_wait=1)
+    else:
+        _write(st, confirm=False, bias=max(st.bias - 1, -ac.max_bias), up_wait=min(MAX_BACKOFF, st.up_wait * 2))
 
 
 def _engine(dec: DecodeFit, pre: PrefillFit, prev: Engine | None) -> Engine | None:
@@ -607,14 +624,14 @@ def _choices(v: BackendView, lp: Loop, e: Engine | None, ac: AdmissionConfig, le
     # above them
     need = max(0.0, float(v.supply) * w - base) if v.supply else ac.max_overcommit * v.pool
     top = max(min(ac.max_overcommit * v.pool, need), w)
-    extras = [top * level_share(j, ac.levels) for j in range(ac.levels + 1)]
+    extras = [top * share for share in level_shares(ac.levels)]
     # the top level admits everything there is with room to spare (demand swings as acting
     # programs' weights decay and come back): up to max_overcommit, so at the top nothing is
     # paused for lack of room — request-level service, with the references that pay
     extras[-1] = max(extras[-1], min(ac.max_overcommit * v.pool, 2.0 * top))
     ns = [max(1.0, min(float(v.supply), (base + x) / w) if v.supply else (base + x) / w) for x in extras]
     if e is None:
-        return [Choice(extras[j], math.inf, ns[j], min(ns[j], k_fit), 0.0) for j in range(ac.levels + 1)], 0.0
+        return [Choice(x, math.inf, n, min(n, k_fit), 0.0) for x, n in zip(extras, ns, strict=True)], 0.0
     n_cur = ns[min(level, ac.levels)]
     churn = 0.0
     if tokens_per_step > 0:
@@ -643,11 +660,16 @@ def level_share(j: int, levels: int) -> float:
     return (g ** j - 1.0) / (g ** levels - 1.0)
 
 
-def _best(choices: list[Choice], min_gain: float, current: int) -> int:
-    """The level with the highest predicted rate, with hysteresis: leaving level 0, or the
-    current choice, needs a predicted gain of ``min_gain``; among levels within it of the best,
-    the lowest (fewer programs, less at risk)."""
-    rates = [c.rate for c in choices]
+@cache
+def level_shares(levels: int) -> tuple[float, ...]:
+    """``level_share`` of every level ``0…levels`` (computed once per ``levels``)."""
+    return tuple(level_share(j, levels) for j in range(levels + 1))
+
+
+def _best(rates: list[float], min_gain: float, current: int) -> int:
+    """The level with the highest predicted rate (``rates``, by level), with hysteresis: leaving
+    level 0, or the current choice, needs a predicted gain of ``min_gain``; among levels within
+    it of the best, the lowest (fewer programs, less at risk)."""
     top = max(rates)
     if top <= 0 or top <= rates[0] * (1.0 + min_gain):
         return 0
@@ -685,15 +707,14 @@ def _dispersion(st: AdmissionState) -> float:
     return max(1.0, var / mean)
 
 
-def _set_level(st: AdmissionState, level: int) -> AdmissionState:
-    if level == st.level:
-        return st
-    return _with(st, level=level, win_steps=0, win_s=0.0, win_n=0, win_sq=0.0, settle=1, changes=st.changes + 1,
-                   since_probe=0)
+def _set_level(st: AdmissionState, level: int) -> None:
+    if level != st.level:
+        _write(st, level=level, win_steps=0, win_s=0.0, win_n=0, win_sq=0.0, settle=1, changes=st.changes + 1,
+               since_probe=0)
 
 
 def _maybe_probe(st: AdmissionState, ac: AdmissionConfig, v: BackendView, choices: list[Choice],
-                 tick: float, cycle: int) -> AdmissionState:
+                 tick: float, cycle: int) -> None:
     """Every ``probe_every_periods`` (times the direction's back-off) move up or down
     (alternating) to measure a level against the window so far; every other probe down from
     above level 1 is a reference probe, straight to level 0 (with ``reference_probes``).
@@ -725,15 +746,14 @@ def _maybe_probe(st: AdmissionState, ac: AdmissionConfig, v: BackendView, choice
             continue
         if d > 0 and ac.probe_up == "on" and choices[to].rate < (1.0 + ac.min_gain) * choices[st.level].rate:
             continue
-        st = _with(st, base_rate=st.measured, base_steps=st.win_steps, base_phi=_dispersion(st), reference=reference,
-                     probe_from=st.level,
-                     next_probe=-d, probes=st.probes + 1,
-                     next_reference=(not st.next_reference) if d < 0 else st.next_reference)
-        st = _set_level(st, to)
+        _write(st, base_rate=st.measured, base_steps=st.win_steps, base_phi=_dispersion(st), reference=reference,
+               probe_from=st.level, next_probe=-d, probes=st.probes + 1,
+               next_reference=(not st.next_reference) if d < 0 else st.next_reference)
+        _set_level(st, to)
         if d > 0:  # the programs it admits send what they had waiting: skip a whole cycle
-            st = _with(st, settle=cycle)
-        return _with(st, probe=d, probe_left=ac.probe_periods + st.settle)
-    return st
+            _write(st, settle=cycle)
+        _write(st, probe=d, probe_left=ac.probe_periods + st.settle)
+        return
 
 
 def _detectable(rate: float, steps: int, ac: AdmissionConfig, tick: float) -> float:
@@ -759,7 +779,7 @@ def _probe_level(level: int, d: int, choices: list[Choice], need: float) -> int 
     return None
 
 
-def _end_probe(st: AdmissionState, ac: AdmissionConfig, now: float, cycle: int) -> AdmissionState:
+def _end_probe(st: AdmissionState, ac: AdmissionConfig, now: float, cycle: int) -> None:
     """Compare the probe's window with the one before it: the bias moves one level the
     probe's way when it wins by more than the noise; a probe down that wins with the bias
     already at ``−max_bias`` caps the level at the probe's (a fallback: the model is wrong by
@@ -770,32 +790,33 @@ def _end_probe(st: AdmissionState, ac: AdmissionConfig, now: float, cycle: int) 
                                       ac.probe_sigmas, phi)
     d = st.probe
     if won and st.reference:  # the fixed watermarks beat the level the model chose: fall back
-        st = _with(st, bias=0, ceiling=0, ceiling_at=now, fallbacks=st.fallbacks + 1, probes_won=st.probes_won + 1,
-                     up_wait=min(MAX_BACKOFF, st.up_wait * 2))
+        _write(st, bias=0, ceiling=0, ceiling_at=now, fallbacks=st.fallbacks + 1, probes_won=st.probes_won + 1,
+               up_wait=min(MAX_BACKOFF, st.up_wait * 2))
     elif won and d < 0 and st.bias <= -ac.max_bias:
-        st = _with(st, ceiling=st.level, ceiling_at=now, fallbacks=st.fallbacks + 1, probes_won=st.probes_won + 1,
-                     down_wait=1, up_wait=min(MAX_BACKOFF, st.up_wait * 2))
+        _write(st, ceiling=st.level, ceiling_at=now, fallbacks=st.fallbacks + 1, probes_won=st.probes_won + 1,
+               down_wait=1, up_wait=min(MAX_BACKOFF, st.up_wait * 2))
     elif won:  # one level the probe's way (a lucky window must not carry the bias far)
         moved = 1 if st.level > st.probe_from else -1
-        st = _with(st, bias=min(max(st.bias + moved, -ac.max_bias), ac.max_bias), probes_won=st.probes_won + 1)
+        _write(st, bias=min(max(st.bias + moved, -ac.max_bias), ac.max_bias), probes_won=st.probes_won + 1)
         if d > 0 and st.level > st.ceiling:
-            st = _with(st, ceiling=st.level)
+            _write(st, ceiling=st.level)
         if d > 0:  # kept once a fresh window at this level confirms it (``_confirm``)
-            st = _with(st, confirm=True, confirm_rate=st.base_rate, win_steps=0, win_s=0.0, win_n=0, win_sq=0.0,
-                         settle=cycle)
+            _write(st, confirm=True, confirm_rate=st.base_rate, win_steps=0, win_s=0.0, win_n=0, win_sq=0.0,
+                   settle=cycle)
         else:
-            st = _with(st, down_wait=1)
+            _write(st, down_wait=1)
+    elif d > 0:
+        _write(st, up_wait=min(MAX_BACKOFF, st.up_wait * 2))
     else:
-        st = _with(st, up_wait=min(MAX_BACKOFF, st.up_wait * 2)) if d > 0 else \
-            _with(st, down_wait=min(MAX_BACKOFF, st.down_wait * 2))
+        _write(st, down_wait=min(MAX_BACKOFF, st.down_wait * 2))
     if st.level == 0 and st.win_steps >= ac.probe_min_steps:
-        st = _with(st, fixed_rate=st.measured, fixed_steps=st.win_steps)
-    return _with(st, probe=0, probe_left=0, reference=False)
+        _write(st, fixed_rate=st.measured, fixed_steps=st.win_steps)
+    _write(st, probe=0, probe_left=0, reference=False)
 
 
-def _apply(st: AdmissionState, choices: list[Choice]) -> AdmissionState:
+def _apply(st: AdmissionState, choices: list[Choice]) -> None:
     extra, protect, n, k, rate = choices[st.level]
-    return _with(st, extra=extra, protect=protect, n=n, k=k, predicted=rate, predicted_fixed=choices[0].rate)
+    _write(st, extra=extra, protect=protect, n=n, k=k, predicted=rate, predicted_fixed=choices[0].rate)
 
 
 def summarize(views: list[dict[str, object]]) -> str:

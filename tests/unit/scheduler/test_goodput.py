@@ -333,3 +333,21 @@ def test_the_states_fast_copy_equals_dataclasses_replace():
                                engine=CPU, block=(1.0, 2.0, 3.0), ceiling=2, confirm=True, n=3.5)  # not written
     with pytest.raises((AttributeError, TypeError)):
         _with(s, no_such_field=1)
+
+
+def test_update_never_writes_the_state_it_is_given():
+    """``update`` copies the state once a period and writes the period's steps into the copy
+    (``_write``): the state it was given, kept by whoever holds it, is the same afterwards —
+    through probes up and down, lost and won, and a fallback."""
+    for syn in (Synthetic(CPU, noise=True, seed=5),
+                Synthetic(CPU, noise=False, rate=lambda level, r: r if level == 0 else r * (0.7 ** level))):
+        syn.st = update(None, syn.b, syn.view(syn.n_of(None)), 0.0, CFG)
+        for _ in range(300):
+            given = syn.st
+            kept = dataclasses.replace(given)
+            new = syn.period()
+            assert new is not given or new.at == kept.at  # a new state, unless the period was not whole
+            assert given == kept
+            assert all(getattr(given, f.name) is getattr(kept, f.name) for f in dataclasses.fields(AdmissionState))
+        assert syn.st.probes > 2
+    assert syn.st.probes_won > 0 and syn.st.fallbacks > 0
