@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 import math
 import zlib
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,7 +53,8 @@ BLOCK_TOKENS = 512
 """Tokens per hash id (the Mooncake traces' block size)."""
 _FIRST_ID = 1 << 24
 _LAST_ID = 1 << 31
-_CHUNK_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+TEXT_CACHE_BLOCKS = 20_000
+"""Block texts kept (about 2 KB each)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +171,8 @@ class BlockTokens:
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
         self._cache: dict[int, bytes] = {}
+        self._texts: OrderedDict[tuple[int, int, str], str] = OrderedDict()
+        """Recent block texts (LRU): a replay's prompts repeat their blocks."""
 
     def block(self, h: int, size: int = BLOCK_TOKENS) -> bytes:
         """Packed native uint32 ids of block ``h`` (``size`` of them, ≥ 2^24: never special tokens)."""
@@ -192,14 +196,21 @@ class BlockTokens:
         tokens exactly under the simulator's tokenizer (4 bytes a token, boundaries re-aligned at
         each newline). ``words``: ``textgen.text`` of ``size`` tokens ending in a newline (about
         ``size`` tokens under the real engine's word-trained tokenizer)."""
+        key = (h, size, style)
+        t = self._texts.get(key)
+        if t is not None:
+            self._texts.move_to_end(key)
+            return t
         if style == "words":
-            return textgen.text(size, f"trace-block:{self.seed}:{h}")[:-1] + "\n"
-        rng = np.random.default_rng([self.seed & 0xFFFFFFFF, 0x7E47, h & 0xFFFFFFFFFFFF])
-        idx = rng.integers(0, len(_CHUNK_LETTERS), size=(size, 4))
-        letters = np.array(list(_CHUNK_LETTERS))[idx]
-        chunks = ["".join(row) for row in letters]
-        chunks[-1] = chunks[-1][:3] + "\n"
-        return "".join(chunks)
+            t = textgen.text(size, f"trace-block:{self.seed}:{h}")[:-1] + "\n"
+        else:
+            rng = np.random.default_rng([self.seed & 0xFFFFFFFF, 0x7E47, h & 0xFFFFFFFFFFFF])
+            letters = (rng.integers(0, 26, size=4 * size, dtype=np.uint8) + ord("a")).tobytes().decode()
+            t = letters[:-1] + "\n"
+        self._texts[key] = t
+        if len(self._texts) > TEXT_CACHE_BLOCKS:
+            self._texts.popitem(last=False)
+        return t
 
     def text(self, r: TraceRequest, style: str = "sim") -> str:
         """``r``'s prompt as text: its blocks' texts, the last cut to the tokens left (4
