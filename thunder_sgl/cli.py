@@ -81,8 +81,11 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--routers", default=None,
                    help=f"routers, comma-separated, run in this order (default: {','.join(ROUTERS)}; "
                         f"real mode: {','.join(REAL_ROUTERS)}; also: direct)")
-    p.add_argument("--duration", type=float, default=d.duration_s, help="measured window per run, simulated seconds")
-    p.add_argument("--warmup", type=float, default=d.warmup_s, help="warm-up per run, simulated seconds (not measured)")
+    p.add_argument("--duration", type=float, default=None,
+                   help=f"measured window per run, simulated seconds (default {d.duration_s:g}; with --trace: "
+                        "the trace's span after the warm-up)")
+    p.add_argument("--warmup", type=float, default=None,
+                   help=f"warm-up per run, simulated seconds (not measured; default {d.warmup_s:g}, with --trace 0)")
     p.add_argument("--warm-start", action="store_true",
                    help="start each program slot's first program mid-life (a uniform step, its history in the first "
                         "request), so the loop begins near its steady state: a short --warmup then suffices")
@@ -111,6 +114,18 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--repeats", type=int, default=2, help="grid: runs of each cell (seeds seed, seed+1, ...)")
     p.add_argument("--report-only", metavar="DIR", type=Path, default=None,
                    help="rebuild results.csv/.md and the plots of DIR from its results.json, run nothing")
+    t = p.add_argument_group("trace replay (DES: a Mooncake-format request trace, open loop; benchmark/des/trace.py)")
+    t.add_argument("--trace", default="", metavar="FILE",
+                   help="replay this JSONL trace ({timestamp ms, input_length, output_length, hash_ids}) "
+                        "instead of the closed loop; --programs is ignored")
+    t.add_argument("--trace-speed", type=float, default=d.trace_speed, help="divide the timestamps by this")
+    t.add_argument("--trace-limit", type=int, default=None, help="replay only the first N requests")
+    t.add_argument("--trace-token-scale", type=int, default=1,
+                   help="divide input/output lengths and the 512-token block by this (a divisor of 512; "
+                        "real mode: the trace on a small engine)")
+    t.add_argument("--trace-drain", type=float, default=d.trace_drain_s,
+                   help="trace seconds after the last arrival for the window's requests to finish")
+    t.add_argument("--ttft-slo", type=float, default=d.ttft_slo_s, help="TTFT objective (s) of the SLO attainment")
     r = p.add_argument_group("rollout (RL: tasks x samples in groups, weight updates on a timer; benchmark/rollout/)")
     r.add_argument("--rollout", choices=("sync", "async"), default=None,
                    help="sync: batches of --tasks x --group-size released at once, the next when the whole batch "
@@ -140,6 +155,8 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
     routers = tuple(r.strip() for r in args.routers.split(",") if r.strip()) if args.routers else default
     if args.mode == "real" and args.time_scale == BenchSpec().time_scale:
         args.time_scale = 1.0
+    if args.warmup is None:
+        args.warmup = 0.0 if args.trace else BenchSpec().warmup_s
     try:
         rollout = None
         if args.rollout is not None:
@@ -150,6 +167,17 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
                                   update_seconds=args.update_seconds, update_pause=args.update_pause)
             if rollout.mode == "sync":
                 args.programs, args.warmup = (rollout.batch_programs,), 0.0
+        if args.duration is None:
+            args.duration = BenchSpec().duration_s
+            if args.trace:
+                from thunder_sgl.benchmark.workloads.trace import load_trace
+
+                reqs = load_trace(args.trace, args.trace_speed, args.trace_limit)
+                if not reqs:
+                    raise ValueError(f"{args.trace}: no requests")
+                args.duration = max(1.0, reqs[-1].arrival_s - args.warmup)
+        if args.trace:
+            args.programs = (1,)
         router_args = tuple(tuple(x.split("=", 1)) for x in args.router_arg)
         if any(len(x) != 2 for x in router_args):
             raise ValueError("--router-arg takes ROUTER=ARGS")
@@ -160,7 +188,10 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
                          router_args=router_args, model=args.model,  # type: ignore[arg-type]
                          max_total_tokens=args.max_total_tokens, engine_threads=args.engine_threads,
                          hicache_ratio=args.hicache_ratio, hicache_write_policy=args.hicache_write_policy,
-                         rollout=rollout, warm_start=args.warm_start)
+                         rollout=rollout, warm_start=args.warm_start, trace=args.trace,
+                         trace_speed=args.trace_speed, trace_limit=args.trace_limit,
+                         trace_drain_s=args.trace_drain, ttft_slo_s=args.ttft_slo,
+                         trace_token_scale=args.trace_token_scale)
     except ValueError as e:
         print(f"thunder-sgl bench: {e}", file=sys.stderr)
         return 2

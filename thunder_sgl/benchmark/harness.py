@@ -17,6 +17,12 @@ Modes:
   The router ``direct`` (no router: each client slot straight to one engine) is the
   request-level baseline; it runs in the other modes too.
 
+Traces (``--trace FILE``, ``workloads.trace``, ``des.trace``): a request trace in the Mooncake
+FAST'25 format replayed open-loop, ``--trace-speed`` times its rate, one program per
+conversation inferred from the block hash ids (DES: ``des.trace``; HTTP and real mode:
+``drivers.trace_loop``, text prompts on ``/v1/completions``); ``--duration`` defaults to the
+trace's span.
+
 Rollouts (``--rollout sync|async``, ``rollout.spec``): RL rollouts of tasks × samples (groups)
 in batches or waves with weight updates on a timer; DES mode only (``rollout.des``; HTTP and
 real mode have no rollout driver). Per batch: makespan, steps/min, completion, group spread, requests lost.
@@ -106,6 +112,21 @@ class BenchSpec:
     rollout: RolloutSpec | None = None
     """An RL rollout instead of the closed loop (``rollout.spec``). Sync: ``programs`` is the
     batch (tasks × group size), ``duration_s`` a cap on the simulated time, no warm-up."""
+    trace: str = ""
+    """A request trace to replay instead of the closed loop (``workloads.trace``, the Mooncake
+    FAST'25 format): its arrivals in [0, warm-up + duration] trace seconds."""
+    trace_speed: float = 1.0
+    """Trace timestamps are divided by this (2: twice the request rate)."""
+    trace_limit: int | None = None
+    """Replay only the trace's first this many requests."""
+    trace_token_scale: int = 1
+    """Divide every request's input and output length (and the 512-token block) by this, a
+    divisor of 512: the trace's sharing on a small engine (real mode)."""
+    trace_drain_s: float = 600.0
+    """Trace seconds the run goes on after the last arrival, for the window's requests to be
+    answered (their TTFT and latency); rates stay over the window."""
+    ttft_slo_s: float = 5.0
+    """Trace replays: the TTFT objective of the SLO attainment."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -126,6 +147,11 @@ class BenchSpec:
             raise ValueError("real mode runs in real time: --time-scale must be 1")
         if self.hicache_ratio is not None and (self.mode != "real" or not self.hicache_ratio > 1.0):
             raise ValueError("--hicache-ratio is for real mode (simulated clusters name a -hicache config) and must be > 1")
+        if self.trace and (self.rollout is not None or self.warm_start):
+            raise ValueError("--trace replays a trace: no --rollout, no --warm-start")
+        if self.trace and (self.trace_speed <= 0 or self.trace_drain_s < 0 or self.trace_token_scale < 1
+                           or 512 % self.trace_token_scale):
+            raise ValueError("need --trace-speed > 0, --trace-drain >= 0 and a --trace-token-scale dividing 512")
         if self.warm_start and self.rollout is not None:
             raise ValueError("--warm-start is for the closed loop, not a rollout")
         if self.rollout is not None and self.rollout.mode == "sync" and (
@@ -163,7 +189,10 @@ class BenchSpec:
     @property
     def results_name(self) -> str:
         kind = f"rollout-{self.rollout.mode}-" if self.rollout is not None else ""
-        return self.name or f"{kind}{Path(self.profile).stem}-{self.cluster_name}-{self.nodes}n-{self.mode}"
+        what = (f"trace-{Path(self.trace).stem}-x{self.trace_speed:g}"
+                + (f"-t{self.trace_token_scale}" if self.trace_token_scale > 1 else "")) if self.trace \
+            else Path(self.profile).stem
+        return self.name or f"{kind}{what}-{self.cluster_name}-{self.nodes}n-{self.mode}"
 
     @property
     def results_dir(self) -> Path:
@@ -197,7 +226,7 @@ def run_bench(spec: BenchSpec, command: str = "", progress: Progress | None = No
     meta = _meta(spec, command)
     progress = progress or LiveProgress(f"thunder-sgl bench {spec.results_name}")
     plan = [(r, n) for r in spec.routers for n in spec.programs]
-    ideal = {n: ideal_steps_per_min(spec, profile, n) for n in spec.programs}
+    ideal = {n: 0.0 if spec.trace else ideal_steps_per_min(spec, profile, n) for n in spec.programs}
     results: list[RunResult] = []
     runner = _HttpRunner(spec, profile, out) if spec.mode in ("http", "real") else None
     try:
@@ -250,6 +279,22 @@ class _HttpRunner:
                                        threads=spec.engine_threads, hicache=hicache)
         else:
             self.cluster = HttpCluster(spec.cluster, spec.nodes, spec.time_scale, spec.seed, self.tmp)
+        self.trace = None
+        if spec.trace:
+            from thunder_sgl.benchmark.drivers.http_mode import TraceReplay
+            from thunder_sgl.benchmark.workloads.trace import (
+                conversations,
+                load_trace,
+                summary,
+                trace_name,
+            )
+
+            reqs = load_trace(spec.trace, spec.trace_speed, spec.trace_limit, until_s=spec.warmup_s + spec.duration_s,
+                              token_scale=spec.trace_token_scale)
+            convs = conversations(reqs)
+            self.trace = TraceReplay(trace_name(spec.trace), reqs, convs, spec.trace_drain_s, spec.ttft_slo_s,
+                                     spec.trace_speed, "words" if spec.mode == "real" else "sim")
+            self.trace_summary = {f"trace_{k}": v for k, v in summary(reqs, convs).items()}
         self.timing_config = ""
         if spec.mode == "real":
             from thunder_sgl.config import ConfigError, resolve_config_path
@@ -266,8 +311,11 @@ class _HttpRunner:
         plan = RunPlan(router, programs, self.profile, s.warmup_s, s.duration_s, s.time_scale, s.seed,
                        s.sample_every_s, s.args_of(router),
                        {"cluster": s.cluster_name, "nodes": s.nodes, "ideal_steps_per_min": ideal},
-                       timing_config=self.timing_config, warm_start=s.warm_start)
+                       timing_config=self.timing_config, warm_start=s.warm_start, trace=self.trace)
         r = http_run(self.cluster, plan, progress, self.out / "logs")
+        if self.trace is not None:
+            r.programs = len(self.trace.convs)
+            r.trace.update(self.trace_summary)
         r.mode = s.mode
         progress.end_run(r)
         return r
@@ -285,7 +333,15 @@ def _des_run(spec: BenchSpec, profile: WorkloadProfile, router: str, programs: i
     try:
         from thunder_sgl.benchmark.des.run import run_des
 
-        if spec.rollout is not None:
+        if spec.trace:
+            from thunder_sgl.benchmark.des.trace import TraceRun
+
+            r = TraceRun(spec.cluster, spec.nodes, router, spec.trace, spec.duration_s, warmup_s=spec.warmup_s,
+                         seed=spec.seed, speed=spec.trace_speed, limit=spec.trace_limit,
+                         drain_s=spec.trace_drain_s, profile=spec.profile, ttft_slo_s=spec.ttft_slo_s,
+                         token_scale=spec.trace_token_scale,
+                         sample_every_s=spec.sample_every_s, progress=_des_progress(progress)).run()
+        elif spec.rollout is not None:
             from thunder_sgl.benchmark.rollout.des import RolloutRun
 
             r = RolloutRun(spec.cluster, spec.nodes, router, profile, programs, spec.duration_s,

@@ -51,6 +51,8 @@ from thunder_sgl.benchmark.measures.stats import WorkloadResult
 from thunder_sgl.benchmark.reports.results import DIRECT, THUNDER_INFERRED, RunResult
 from thunder_sgl.benchmark.reports.sweep import FAILED
 from thunder_sgl.benchmark.workloads.profile import WorkloadProfile
+from thunder_sgl.benchmark.workloads.trace import Conversation as TraceConversation
+from thunder_sgl.benchmark.workloads.trace import TraceRequest
 from thunder_sgl.children import Proc
 from thunder_sgl.gateway.metrics import ADMISSION_GAUGES
 from thunder_sgl.scheduler.goodput import summarize as summarize_admission
@@ -177,6 +179,23 @@ class RunPlan:
     ``steps/<router>-N<n>.jsonl`` beside the results."""
     warm_start: bool = False
     """The first programs start mid-life (``workloads.profile.warm_start``)."""
+    trace: TraceReplay | None = None
+    """Replay a trace open-loop (``drivers.trace_loop``) instead of the closed loop."""
+
+
+@dataclass
+class TraceReplay:
+    """A loaded trace for ``RunPlan.trace``."""
+
+    name: str
+    requests: list[TraceRequest]
+    convs: list[TraceConversation]
+    drain_s: float = 600.0
+    ttft_slo_s: float = 5.0
+    speed: float = 1.0
+    text_style: str = "sim"
+    """``workloads.trace.BlockTokens.text`` style: ``sim`` (exact under the simulator's tokenizer)
+    or ``words`` (real engines)."""
 
 
 class Cluster(Protocol):
@@ -225,6 +244,13 @@ def http_run(cluster: Cluster, plan: RunPlan, progress: Progress, keep_logs: Pat
         router = start_router(plan.router, workers.urls, plan.time_scale, run_logs, list(plan.router_args))
         work, warm, end, samples, lag = asyncio.run(_measure(workers, router, plan, progress))
         diag = _fill(result, plan, work, warm, end, samples, lag)
+        if plan.trace is not None:
+            result.profile, result.window_check, result.ideal_steps_per_min = plan.trace.name, {}, 0.0
+            result.trace = {"speed": plan.trace.speed, **getattr(work, "trace", {})}
+            # tokens and hit rate of the window's arrivals, answered in the window or the drain (des.trace)
+            for k in ("prompt_tokens", "cached_tokens", "completion_tokens"):
+                setattr(result, k, int(result.trace.pop(k, 0)))
+            result.kv_hit_rate = result.cached_tokens / result.prompt_tokens if result.prompt_tokens else 0.0
         if plan.timing_config:
             _keep_steps(work, keep_logs.parent / "steps" / f"{plan.router}-N{plan.programs}.jsonl",
                         diag.get("engines", {}))
@@ -311,12 +337,21 @@ async def _measure(workers: Workers, router: Proc | None, plan: RunPlan, progres
             tasks.append(asyncio.create_task(near_end()))
         try:
             target: str | list[str] = router.url if router is not None else workers.urls
-            work = await run_workload(target, plan.profile, plan.programs,
-                                      duration_s=(plan.warmup_s + plan.duration_s) / scale,
-                                      warmup_s=warm_wall, time_scale=scale, seed=plan.seed,
-                                      send_program_ids=plan.router != THUNDER_INFERRED,
-                                      warm_start=plan.warm_start,
-                                      on_event=progress.driver_event)
+            if plan.trace is not None:
+                from thunder_sgl.benchmark.drivers.trace_loop import run_trace
+
+                tr = plan.trace
+                work = await run_trace(target, tr.requests, tr.convs, warmup_s=plan.warmup_s,
+                                       duration_s=plan.duration_s, drain_s=tr.drain_s, time_scale=scale,
+                                       seed=plan.seed, send_program_ids=plan.router != THUNDER_INFERRED,
+                                       ttft_slo_s=tr.ttft_slo_s, name=tr.name, text_style=tr.text_style)
+            else:
+                work = await run_workload(target, plan.profile, plan.programs,
+                                          duration_s=(plan.warmup_s + plan.duration_s) / scale,
+                                          warmup_s=warm_wall, time_scale=scale, seed=plan.seed,
+                                          send_program_ids=plan.router != THUNDER_INFERRED,
+                                          warm_start=plan.warm_start,
+                                          on_event=progress.driver_event)
         finally:
             for t in tasks:
                 t.cancel()

@@ -95,6 +95,9 @@ class RunResult:
     rollout: dict[str, Any] = field(default_factory=dict)
     """Rollout runs (``rollout.spec``): mode, windows, requests lost, per batch (sync) or per
     group (async) measures; empty for the closed-loop benchmark."""
+    trace: dict[str, Any] = field(default_factory=dict)
+    """Trace replays (``des.trace``): speed, requests offered and answered, TTFT and latency
+    percentiles, SLO attainment, the trace's own counts; empty otherwise."""
 
     CSV_FIELDS = (
         "router", "mode", "programs", "nodes", "cluster", "profile", "seed", "window_s", "steps_per_min",

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from thunder_sgl.benchmark.reports import trace as trace_report
 from thunder_sgl.benchmark.reports.results import ALL_ROUTERS, RunResult
 from thunder_sgl.benchmark.rollout import report as rollout_report
 
@@ -139,6 +140,7 @@ def markdown(results: Sequence[RunResult], meta: dict[str, Any] | None = None) -
             lines += [f"- {r.router} N={r.programs}: {r.notes}" for r in notes]
             lines.append("")
     lines += rollout_report.markdown(results)
+    lines += trace_report.markdown(results)
     return "\n".join(lines).rstrip() + "\n"
 
 
