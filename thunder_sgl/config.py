@@ -76,7 +76,8 @@ class AdmissionConfig:
 
     probe_up: str = "idle"
     """goodput: probes of levels above the model's choice. ``idle`` (default): only while the
-    engine is busy less than ``probe_up_busy`` of the time — a probe up costs the recompute
+    engine is busy less than ``probe_up_busy`` of the time, lately and over the window the
+    probe is compared with — a probe up costs the recompute
     of what it admits and then pauses (4% of a 25-minute DES run on 2 saturated GLM nodes) and
     can only pay where the engine has idle time to fill; ``on``: where the model predicts
     ``min_gain`` there; ``off``: never. Probes down stay on."""

@@ -47,7 +47,11 @@ the global queue's) needs beyond what fits, at most ``max_overcommit·pool``; so
 programs of the mean weighted demand. Each level is predicted with every program
 within ``λ_max·pool`` protected, and (on backends with references) with none protected; the
 best wins. Leaving level 0, or the model's current choice, needs a predicted gain of
-``min_gain``, and a new choice must hold two periods running before the model takes it. The
+``min_gain``, and a new choice must hold a whole program cycle (tool + request, at least
+``MODEL_HOLD`` periods) running before the model takes it: a level acts only once its programs
+have cycled, and a preference that swings faster moved the level back and forth, each move
+paying the restores of the programs it admitted (ToolOrchestra DES: level 0 → the top level →
+level 0 within a minute, several times a run). The
 predictions compared are smoothed over periods (EMA, ``cost_ema_alpha``): one period's inputs
 — the tool times and the steps that ended in it — swing them, and unsmoothed the choice
 flipped between the lowest and the highest level every few periods. The
@@ -77,8 +81,10 @@ restores cost more than the check is worth. A probe that loses doubles the wait 
 16×). Probes up test levels above the model's choice; they cost the recompute of what they
 admit and then pause, which on a saturated engine outweighs anything they can find, so by
 default (``probe_up: idle``) they run only while the engine's own counters show it busy less
-than ``probe_up_busy`` of the time: where there is idle time to fill (a small engine whose
-model, fitted at low concurrency, underrates how well prefills batch). A probe up skips a
+than ``probe_up_busy`` of the time, both lately (averaged over the fit's half-life) and over the
+window the probe would be compared with: where there is idle time to fill (a small engine whose
+model, fitted at low concurrency, underrates how well prefills batch), not a moment when every
+admitted program of a saturated engine is in a tool at once. A probe up skips a
 whole program cycle (tool + request) before it counts — the programs it admits first send the
 requests they had waiting, a burst the level cannot keep — and one that wins is kept only
 once a fresh window at its level, after the same settling, beats the rate before the probe
@@ -106,7 +112,8 @@ from thunder_sgl.config import AdmissionConfig, SchedulerConfig
 _MOMENTS = 5  # n, Σb, Σt (s), Σb², Σb·t (s)
 MAX_BACKOFF = 16
 MODEL_HOLD = 2
-"""Periods running a new preference of the model must hold before the model's choice follows it."""
+"""Fewest periods running a new preference of the model must hold before the model's choice
+follows it (and a whole program cycle, tool + request, when that is longer)."""
 """A lost probe doubles the wait before the next in its direction, up to this many times."""
 
 
@@ -329,7 +336,8 @@ class AdmissionState:
     smoothed: tuple[float, ...] = ()
     """Each level's predicted steps/s, smoothed over periods (EMA, ``cost_ema_alpha``): one
     period's inputs (the tool times and the steps that ended in it) swing the prediction."""
-    """The model's preference last period: ``model_level`` follows a preference held twice."""
+    """The model's preference last period: ``model_level`` follows a preference held a program
+    cycle (at least ``MODEL_HOLD`` periods)."""
     bias: int = 0
     """Levels that measurement moved the choice away from the model's (bounded by ``max_bias``)."""
     ceiling: int = 1 << 30
@@ -377,6 +385,8 @@ class AdmissionState:
     """Periods in the window ..."""
     win_sq: float = 0.0
     """... and the sum of their squared step counts (the counts' dispersion)."""
+    win_busy: float = 0.0
+    """Seconds of the window the engine spent in prefill and decode iterations."""
     base_phi: float = 1.0
     """Dispersion of the window a probe is compared with."""
     settle: int = 1
@@ -526,7 +536,7 @@ def update(state: AdmissionState | None, b: Backend, v: BackendView, now: float,
         _write(st, settle=st.settle - 1)
     else:
         _write(st, win_steps=st.win_steps + int(dsteps), win_s=st.win_s + dt, win_n=st.win_n + 1,
-               win_sq=st.win_sq + dsteps * dsteps)
+               win_sq=st.win_sq + dsteps * dsteps, win_busy=st.win_busy + busy * dt)
     _write(st, measured=st.win_steps / st.win_s if st.win_s > 0 else 0.0)
     if st.level == 0 and not st.probe and st.win_steps >= ac.probe_min_steps:
         _write(st, fixed_rate=st.measured, fixed_steps=st.win_steps)
@@ -545,7 +555,7 @@ def update(state: AdmissionState | None, b: Backend, v: BackendView, now: float,
     _write(st, smoothed=tuple(rates))
     best = _best(rates, ac.min_gain, st.model_level)
     streak = st.model_streak + 1 if best == st.model_next else 1
-    if best != st.model_level and streak >= MODEL_HOLD:  # a preference held MODEL_HOLD periods
+    if best != st.model_level and streak >= max(MODEL_HOLD, cycle):  # a preference held a cycle
         _write(st, model_level=best, model_next=best, model_streak=streak, churn=churn)
     else:
         _write(st, model_next=best, model_streak=streak, churn=churn)
@@ -709,8 +719,8 @@ def _dispersion(st: AdmissionState) -> float:
 
 def _set_level(st: AdmissionState, level: int) -> None:
     if level != st.level:
-        _write(st, level=level, win_steps=0, win_s=0.0, win_n=0, win_sq=0.0, settle=1, changes=st.changes + 1,
-               since_probe=0)
+        _write(st, level=level, win_steps=0, win_s=0.0, win_n=0, win_sq=0.0, win_busy=0.0, settle=1,
+               changes=st.changes + 1, since_probe=0)
 
 
 def _maybe_probe(st: AdmissionState, ac: AdmissionConfig, v: BackendView, choices: list[Choice],
@@ -736,7 +746,7 @@ def _maybe_probe(st: AdmissionState, ac: AdmissionConfig, v: BackendView, choice
         if not (0 <= st.level + d <= ac.levels and st.since_probe >= wait):
             continue
         if d > 0 and (v.supply <= v.active or ac.probe_up == "off"
-                      or (ac.probe_up == "idle" and st.busy >= ac.probe_up_busy)):
+                      or (ac.probe_up == "idle" and not _idle(st, ac))):
             continue  # nothing more to admit, or probes up are off (or the engine has no idle time)
         reference = ac.reference_probes and d < 0 and st.next_reference and st.level > 1
         to = 0 if reference else _probe_level(st.level, d, choices, need)
@@ -765,6 +775,16 @@ def _detectable(rate: float, steps: int, ac: AdmissionConfig, tick: float) -> fl
     the comparison stricter instead (``_end_probe``)."""
     expected = max(rate * ac.probe_periods * tick, ac.probe_min_steps)
     return max(math.log1p(ac.probe_margin), ac.probe_sigmas * math.sqrt(1.0 / max(steps, 1) + 1.0 / expected))
+
+
+def _idle(st: AdmissionState, ac: AdmissionConfig) -> bool:
+    """The engine has idle time a probe up could fill: busy less than ``probe_up_busy`` both
+    lately (``busy``, averaged over the fit's half-life) and over the whole window the probe
+    would be compared with. A dip of the average inside a window the engine kept busy — a
+    moment when every admitted program was in a tool at once, on a saturated engine — is not
+    idle time a level can fill: admitting for it only adds recompute."""
+    window = st.win_busy / st.win_s if st.win_s > 0 else st.busy
+    return st.busy < ac.probe_up_busy and window < ac.probe_up_busy
 
 
 def _probe_level(level: int, d: int, choices: list[Choice], need: float) -> int | None:
@@ -802,7 +822,7 @@ def _end_probe(st: AdmissionState, ac: AdmissionConfig, now: float, cycle: int) 
             _write(st, ceiling=st.level)
         if d > 0:  # kept once a fresh window at this level confirms it (``_confirm``)
             _write(st, confirm=True, confirm_rate=st.base_rate, win_steps=0, win_s=0.0, win_n=0, win_sq=0.0,
-                   settle=cycle)
+                   win_busy=0.0, settle=cycle)
         else:
             _write(st, down_wait=1)
     elif d > 0:

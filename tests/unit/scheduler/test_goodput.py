@@ -351,3 +351,43 @@ def test_update_never_writes_the_state_it_is_given():
             assert all(getattr(given, f.name) is getattr(kept, f.name) for f in dataclasses.fields(AdmissionState))
         assert syn.st.probes > 2
     assert syn.st.probes_won > 0 and syn.st.fallbacks > 0
+
+
+def test_a_dip_of_the_busy_average_inside_a_busy_window_is_not_idle_time():
+    """Probes up (``probe_up: idle``) need the engine idle both lately and over the window the
+    probe would be compared with: a saturated engine whose average dips below the threshold for
+    a moment (every admitted program in a tool at once) does not probe up; one idle over its
+    window does."""
+    from thunder_sgl.scheduler.goodput import _idle
+
+    dip = AdmissionState(busy=0.85, win_busy=99.0, win_s=100.0)
+    idle = AdmissionState(busy=0.85, win_busy=70.0, win_s=100.0)
+    busy_lately = AdmissionState(busy=0.95, win_busy=70.0, win_s=100.0)
+    assert not _idle(dip, AC)
+    assert _idle(idle, AC)
+    assert not _idle(busy_lately, AC)
+    assert _idle(AdmissionState(busy=0.5), AC)  # no window yet: the average alone
+
+
+def test_the_window_counts_the_engines_busy_seconds_and_a_level_change_restarts_it():
+    syn = Synthetic(CPU, noise=False)
+    hist = syn.run(40)
+    for h in hist:
+        assert 0.0 <= h.win_busy <= 1.5 * h.win_s + 1e-9
+        if h.win_s == 0.0:
+            assert h.win_busy == 0.0
+
+
+def test_the_model_takes_a_new_choice_only_after_it_held_a_program_cycle():
+    """A level acts only once its programs have run a whole cycle (tool + request): the model's
+    choice follows a preference only after it held that long (at least ``MODEL_HOLD`` periods),
+    so predictions that swing faster do not move the level back and forth."""
+    from thunder_sgl.scheduler.goodput import MODEL_HOLD
+
+    syn = Synthetic(CPU, noise=False)
+    syn.b.served.tool_s = 60.0
+    hist = syn.run(120)
+    cycle = max(MODEL_HOLD, math.ceil((60.0 + syn.b.served.request_s) / CFG.tick_seconds))
+    changes = [h for a, h in zip(hist, hist[1:], strict=False) if h.model_level != a.model_level]
+    assert changes, "the CPU-like engine admits more than fits"
+    assert all(h.model_streak >= cycle for h in changes)
