@@ -214,9 +214,20 @@ async def test_a_failed_update_keeps_its_worker_out_of_routing_until_it_reports_
         r = await http.post(u + "/update_weights_from_distributed", json={**TENSORS, "weight_version": "v1"})
         body = assert_openai_error(r, 502)
         assert body["workers_updated"] == 1 and body["out_of_routing"] == {w1: "v1"}
+
+        async def during() -> tuple[float, float]:  # a request sent inside the window, for certain
+            t0 = time.monotonic()
+            r = await http.post(u + "/v1/chat/completions", json=chat("during", 0))
+            assert r.status_code == 200, r.text
+            return t0, time.monotonic()
+
+        inside = asyncio.create_task(during())
         await asyncio.sleep(0.3)
         closing = time.monotonic()
         assert (await http.post(u + "/continue_generation")).status_code == 200
+        t_inside, answered = await inside
+        assert opened < t_inside < closing and answered >= closing, "the request sent during the window was answered before it"
+        assert (await http.post(f"{u}/programs/during/release")).status_code == 200
         state = {w["url"]: w for w in (await http.get(u + "/workers")).json()["workers"]}
         assert state[w1]["routable"] is False and state[w0]["routable"] is True
         assert state[w1]["weights_pending"]["expected_version"] == "v1"
@@ -242,5 +253,5 @@ async def test_a_failed_update_keeps_its_worker_out_of_routing_until_it_reports_
         await asyncio.gather(*agents)
 
     held = [(t, d) for t, d, _, _ in sent if opened < t < closing]
-    assert held and all(d >= closing for _, d in held), "a request sent during the window was answered before it"
+    assert all(d >= closing for _, d in held), "a request sent during the window was answered before it"
     assert len(sent) > 12
