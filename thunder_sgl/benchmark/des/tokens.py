@@ -47,7 +47,8 @@ SHARED_TEMPLATE_TOKENS = (len(_SYSTEM) + len(_END) + len(_USER)) // 4
 """Template tokens of the prefix every program of a profile shares (beside the system prompt)."""
 
 
-def _ids(rng: np.random.Generator, n: int) -> bytes:
+def random_ids(rng: np.random.Generator, n: int) -> bytes:
+    """``n`` packed native uint32 ids drawn from ``rng``, all ≥ 2^24 (never special tokens)."""
     return rng.integers(_FIRST_ID, _LAST_ID, size=n, dtype=np.uint32).tobytes() if n > 0 else b""
 
 
@@ -64,7 +65,7 @@ class TokenLayout:
         self.seed = seed
         name_hash = zlib.crc32(profile.name.encode())
         self._name_hash = name_hash
-        system = _ids(np.random.default_rng([name_hash, 0x5157]), self.tokens(profile.system_prompt_tokens))
+        system = random_ids(np.random.default_rng([name_hash, 0x5157]), self.tokens(profile.system_prompt_tokens))
         self.shared_prefix = _SYSTEM + system + _END + _USER
         """Packed tokens every program of the profile starts with."""
         self.shared_tokens = len(self.shared_prefix) >> 2
@@ -90,16 +91,16 @@ class ProgramTokens:
         self.replies: np.random.Generator | None = None
         """Ids of answers sent back re-tokenized (``reply_ratio`` ≠ 1) and of a warm start's history."""
         if spec.task is None:
-            instance = _ids(rng, layout.tokens(spec.instance_tokens))
+            instance = random_ids(rng, layout.tokens(spec.instance_tokens))
         else:
-            instance = _ids(np.random.default_rng([layout._name_hash, layout.seed & 0xFFFFFFFF, 0x7A5C, spec.task]),
+            instance = random_ids(np.random.default_rng([layout._name_hash, layout.seed & 0xFFFFFFFF, 0x7A5C, spec.task]),
                             layout.tokens(spec.instance_tokens))
         self.prompt = layout.shared_prefix + instance + _END + _ASSISTANT
         """Packed tokens of the next request."""
         self.step = 0
         while self.step < spec.start_step:  # a warm start: the history's answers, never computed
             n = round(spec.steps[self.step].output_tokens * layout.reply_ratio)
-            self.add_reply(array("I", _ids(self._replies(), n)), fresh=True)
+            self.add_reply(array("I", random_ids(self._replies(), n)), fresh=True)
 
     @property
     def prompt_tokens(self) -> int:
@@ -120,8 +121,8 @@ class ProgramTokens:
         self.step += 1
         ratio = self.layout.reply_ratio
         if ratio != 1.0 and not fresh:
-            output_ids = array("I", _ids(self._replies(), round(len(output_ids) * ratio)))
+            output_ids = array("I", random_ids(self._replies(), round(len(output_ids) * ratio)))
         tail = output_ids.tobytes() + _END
         if self.step < len(self.spec.steps):
-            tail += _USER + _ids(self.rng, obs) + _END + _ASSISTANT
+            tail += _USER + random_ids(self.rng, obs) + _END + _ASSISTANT
         self.prompt += tail

@@ -286,7 +286,7 @@ class _Driver:
                         srec.cached_tokens = usage.cached_tokens
                     else:
                         srec.error = f"http_{resp.status}"
-                        retry_after = _retry_after(resp.headers.get("Retry-After"))
+                        retry_after = retry_after_seconds(resp.headers.get("Retry-After"))
                         await resp.read()
             except TimeoutError:
                 srec.error = "timeout"
@@ -343,7 +343,8 @@ class _Driver:
         self.live.pop(rec.program_id, None)
 
 
-def _retry_after(value: str | None) -> float | None:
+def retry_after_seconds(value: str | None) -> float | None:
+    """A ``Retry-After`` header's seconds (None when absent or not a number of seconds)."""
     try:
         return max(0.0, float(value)) if value else None
     except ValueError:

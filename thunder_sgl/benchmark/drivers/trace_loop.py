@@ -28,6 +28,11 @@ from typing import Any
 
 import aiohttp
 
+from thunder_sgl.benchmark.drivers.closed_loop import (
+    MAX_BACKOFF_S,
+    RETRY_STATUSES,
+    retry_after_seconds,
+)
 from thunder_sgl.benchmark.measures.stats import (
     ProgramRecord,
     StepRecord,
@@ -41,7 +46,6 @@ from thunder_sgl.benchmark.workloads.conversation import (
 )
 from thunder_sgl.benchmark.workloads.trace import BlockTokens, Conversation, TraceRequest
 
-RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 MAX_RETRIES = 3
 
 
@@ -166,12 +170,9 @@ class _Replay:
                         srec.cached_tokens = acc.usage.cached_tokens
                     else:
                         srec.error = f"http_{resp.status}"
-                        ra = resp.headers.get("Retry-After")
-                        if ra:
-                            try:
-                                retry_after = max(0.0, float(ra))  # as the closed-loop driver: wall seconds
-                            except ValueError:
-                                pass
+                        told = retry_after_seconds(resp.headers.get("Retry-After"))
+                        if told is not None:
+                            retry_after = told
                         await resp.read()
             except TimeoutError:
                 srec.error = "timeout"
@@ -189,7 +190,7 @@ class _Replay:
             self.result.errors[srec.error or "unknown"] += 1
             if not (srec.status == 0 or srec.status in RETRY_STATUSES) or attempt == MAX_RETRIES:
                 return None
-            await asyncio.sleep(min(retry_after, 30.0))
+            await asyncio.sleep(min(retry_after, MAX_BACKOFF_S))
         return None
 
     def _measure(self) -> None:

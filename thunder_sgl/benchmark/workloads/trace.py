@@ -48,11 +48,10 @@ from pathlib import Path
 import numpy as np
 
 from thunder_sgl import textgen
+from thunder_sgl.benchmark.des.tokens import random_ids
 
 BLOCK_TOKENS = 512
 """Tokens per hash id (the Mooncake traces' block size)."""
-_FIRST_ID = 1 << 24
-_LAST_ID = 1 << 31
 TEXT_CACHE_BLOCKS = 20_000
 """Block texts kept (about 2 KB each)."""
 
@@ -179,7 +178,7 @@ class BlockTokens:
         b = self._cache.get(h)
         if b is None or len(b) != 4 * size:
             rng = np.random.default_rng([self.seed & 0xFFFFFFFF, 0x7ACE, h & 0xFFFFFFFFFFFF])
-            b = rng.integers(_FIRST_ID, _LAST_ID, size=size, dtype=np.uint32).tobytes()
+            b = random_ids(rng, size)
             if len(self._cache) < 200_000:
                 self._cache[h] = b
         return b
