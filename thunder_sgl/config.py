@@ -310,6 +310,16 @@ class MonitorConfig:
     """Period of reading each worker's weight version (``/model_info``): weights updated behind
     the router are seen within it even when no answer says so (streams do not)."""
 
+    kv_drop_confirm: int = 2
+    """An engine that dropped its cache behind the router with no new weight version (a direct
+    ``/flush_cache``, weights reloaded without a version label) is recognised when this many
+    programs in a row, each placed there since its last step and each after the router saw the
+    engine idle, find less than ``kv_drop_fraction`` of their previous prompt cached
+    (``control.kvdrop``); its KV accounting is then reset. 0: off."""
+
+    kv_drop_fraction: float = 0.5
+    """See ``kv_drop_confirm``."""
+
     storage_tokens: int = 0
     """Capacity of a worker's HiCache storage (L3) tier per rank, in tokens, counted in the
     pool when the worker runs a storage backend. SGLang 0.5.23 reports none (a file tier is
@@ -322,6 +332,8 @@ class MonitorConfig:
         _check(self.stale_after_seconds > self.poll_interval_seconds, "monitor.stale_after_seconds must exceed the poll interval")
         _check(self.request_timeout_seconds > 0, "monitor.request_timeout_seconds must be > 0")
         _check(self.storage_tokens >= 0, "monitor.storage_tokens must be >= 0")
+        _check(self.kv_drop_confirm >= 0, "monitor.kv_drop_confirm must be >= 0 (0: off)")
+        _check(0 < self.kv_drop_fraction <= 1, "monitor.kv_drop_fraction must be in (0, 1]")
         _check(self.failure_threshold >= 1 and self.success_threshold >= 1, "monitor thresholds must be >= 1")
 
     # The poll period is scaled: what matters is how fresh the readings are relative to the

@@ -5,6 +5,10 @@ directly.
 - Weights reloaded on one engine (``/update_weights_from_disk`` with a new ``weight_version``):
   thunder reads the version (answers, ``/model_info``) and resets the KV accounting of that
   engine's programs only, as after an update through it; every request is answered.
+- One engine's cache dropped with no new version (a direct ``/flush_cache``, or
+  ``/update_weights_from_disk`` without a ``weight_version``): thunder reads it from the
+  answers (``control.kvdrop``: two programs in a row that stayed placed there find their
+  prefix gone after the engine was idle) and resets that engine's programs only, once.
 - One engine paused (``/pause_generation``): thunder reads it from the engine's ``/ready``
   (503 while paused, ``backends.pause``), shows it paused in ``GET /workers``, holds the
   requests of its programs — none fails, none times out although the pause outlasts thunder's
@@ -141,6 +145,47 @@ def test_weights_reloaded_on_one_engine_behind_thunder_reset_only_its_programs(e
     assert any(v == "behind-1" for p in pids for _, v in a.steps[p])  # answers of the new weights came back
     others = [w for w in httpx.get(u + "/workers", timeout=10).json()["workers"] if w["url"] != e0]
     assert others[0]["backends"][0]["weight_version"] != "behind-1"  # the other engine was not touched
+
+
+@pytest.mark.parametrize("how", ["flush", "reload"])
+def test_a_cache_dropped_on_one_engine_behind_thunder_with_no_new_version_resets_only_its_programs(engines, routers, how):
+    thunder = routers("thunder", engines.urls)
+    u, e0 = thunder.url, engines.urls[0]
+    a = Agents(u)
+    pids = [f"{how}{i}" for i in range(6)]
+
+    async def main() -> tuple[list[str], list[str]]:
+        async with httpx.AsyncClient(timeout=300) as http:
+            tasks = [asyncio.create_task(a.run(http, p)) for p in pids]
+            try:
+                await a.until(lambda: all(len(a.steps.get(p, [])) >= 3 for p in pids), 180, "three steps of each program")
+                on0, on1 = await placed(http, u, pids, e0)
+                assert len(on0) >= 2, f"one program on engine 0: nothing to see a drop with ({on0})"
+                assert metric(u, "thunder_kv_drops_seen_total") == 0  # steps that found their KV: no drop
+                version = (await worker(http, u, e0))["backends"][0]["weight_version"]
+                if how == "flush":  # SGLang flushes an idle engine only: it waits up to the timeout
+                    r = await http.post(e0 + "/flush_cache", params={"timeout": 60})
+                    assert r.status_code == 200, r.text
+                else:  # the same weights again, no version label: the version stays, the cache goes
+                    r = await http.post(e0 + "/update_weights_from_disk", json={"model_path": str(engines.opts.model)})
+                    assert r.status_code == 200 and r.json()["success"], r.text
+                dropped = time.monotonic()
+                await a.until(lambda: all(sum(at > dropped for at, _ in a.steps.get(p, [])) >= 2 for p in pids), 180,
+                              "two steps of each program after")
+                assert (await worker(http, u, e0))["backends"][0]["weight_version"] == version
+                return on0, on1
+            finally:
+                a.stop.set()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                for t in tasks:
+                    assert t.exception() is None, t.exception()
+
+    on0, on1 = asyncio.run(main())
+    assert set(a.statuses) == {200}  # nothing lost
+    assert metric(u, "thunder_kv_drops_seen_total") == 1
+    assert metric(u, "thunder_weight_changes_seen_total") == 0
+    resets = {p: httpx.get(f"{u}/programs/{p}", timeout=10).json()["kv_resets"] for p in on0 + on1}
+    assert all(resets[p] == 1 for p in on0) and all(resets[p] == 0 for p in on1), resets
 
 
 @pytest.mark.parametrize("mode", ["in_place", "abort"])

@@ -268,3 +268,69 @@ def test_tool_time_restarts_the_decay_clock():
     assert (p.acting_since, p.last_tool_seconds, p.total_tool_seconds) == (9.0, 7.0, 7.0)
     with pytest.raises(NotFound):
         c.tool_started("nope", 1.0)
+
+
+def _kv_step(c: Controller, pid: str, prompt: int, cached: int, now: float) -> Ticket:
+    t = ticket(pid, prompt)
+    if c.submit(t, now) is None:
+        assert t in c.tick(now).dispatched
+    c.finish(t, now + 1, Usage(prompt, 10, cached))
+    return t
+
+
+def test_a_cache_dropped_behind_the_router_without_a_new_version_is_seen_after_two_programs_in_a_row():
+    """``control.kvdrop``: two programs, each still placed since its last step and each after
+    the engine went idle, find most of their previous prompt gone: the engine's KV accounting
+    is reset, once; the program that saw it keeps its place."""
+    c = make(hbm=100_000, n=2)
+    for pid in ("a", "b", "c"):
+        _kv_step(c, pid, 1000, 0, 0.0)
+    w0 = c.backends["http://w0"]
+    on0 = sorted(p.id for p in c.programs if p.backend == w0.key)
+    assert len(on0) >= 2
+    first, second = on0[:2]
+    # cached as expected: hits, no evidence
+    _kv_step(c, first, 1100, 1000, 10.0)
+    assert c.kvdrop.evidence(w0.key) == 0
+    # its tail evicted, something kept: what eviction does, not a drop (the first piece of
+    # evidence must find nothing, or less than half its shared prefix)
+    _kv_step(c, first, 1150, 300, 15.0)
+    assert c.kvdrop.evidence(w0.key) == 0
+    # the engine drops its cache while idle; the next two programs there find nothing cached
+    _kv_step(c, first, 1200, 0, 20.0)
+    assert c.kvdrop.evidence(w0.key) == 1 and c.stats.kv_drops_seen == 0
+    _kv_step(c, first, 1300, 1200, 30.0)  # a hit in between: no drop after all
+    assert c.kvdrop.evidence(w0.key) == 0
+    _kv_step(c, first, 1400, 0, 40.0)
+    _kv_step(c, first, 1500, 0, 50.0)  # the same program twice is one piece of evidence
+    assert c.stats.kv_drops_seen == 0
+    _kv_step(c, second, 1100, 120, 60.0)  # only the shared head left: under half
+    assert c.stats.kv_drops_seen == 1
+    others = [p for p in c.programs if p.id not in (first, second)]
+    assert all(p.kv_resets == (1 if p.prev_backend == w0.key or p.backend == w0.key else 0) for p in others)
+    p2 = c.programs.get(second)
+    assert p2.kv_resets == 1 and p2.active and p2.backend == w0.key and p2.last_step_backend == w0.key
+    assert all(p.kv_resets == 0 for p in c.programs if p.backend == "http://w1")
+
+
+def test_a_lost_prefix_is_no_evidence_unless_the_engine_went_idle_and_the_program_stayed_placed():
+    c = make(hbm=100_000, n=1)
+    for pid in ("a", "b"):
+        _kv_step(c, pid, 1000, 0, 0.0)
+    w0 = c.backends["http://w0"]
+    # "b" keeps a request in flight from before "a"'s step ended to after "a"'s next dispatch:
+    # the router never saw the engine idle in between, so no flush could have happened
+    ta = ticket("a", 1100)
+    assert c.submit(ta, 10.0) is w0
+    tb = ticket("b", 1100)
+    assert c.submit(tb, 10.5) is w0
+    c.finish(ta, 11.0, Usage(1100, 10, 1000))
+    _kv_step(c, "a", 1200, 0, 12.0)  # evicted, not flushed
+    assert c.kvdrop.evidence(w0.key) == 0
+    c.finish(tb, 14.0, Usage(1100, 10, 1000))
+    # a paused program's KV may go: no evidence either
+    c.programs.pause(c.programs.get("b"), 9.0)
+    assert c.programs.get("b").last_step_backend is None
+    c.kvdrop.confirm = 0  # off
+    _kv_step(c, "a", 1300, 0, 20.0)
+    assert c.kvdrop.evidence(w0.key) == 0 and c.stats.kv_drops_seen == 0

@@ -247,6 +247,8 @@ class Backend:
     """DP ranks of the worker: with more than one, requests are pinned to this rank."""
     inflight: int = 0
     """Requests the router has in flight on this backend (program and stateless)."""
+    idle_at: float = float("-inf")
+    """When the router's requests on this backend last dropped to none (``control.kvdrop``)."""
     session_refs: bool = False
     """The worker runs with ``--enable-session-radix-cache`` (a ``session_id`` references KV)."""
     served: Served = field(default_factory=Served)
@@ -276,6 +278,8 @@ class Backend:
     def ended(self, now: float) -> None:
         """A request on this backend ended (answered, failed or aborted)."""
         self.inflight = max(0, self.inflight - 1)
+        if self.inflight == 0:
+            self.idle_at = now
         if self.inflight == 0 and self.served.busy_since is not None:
             self.served.occupied_s += now - self.served.busy_since
             self.served.busy_since = None

@@ -36,6 +36,7 @@ from collections.abc import Iterable
 
 from thunder_sgl.backends.backend import Backend
 from thunder_sgl.config import RouterConfig, SchedulerConfig
+from thunder_sgl.control.kvdrop import KVDropWatch
 from thunder_sgl.control.kvrefs import KVRefs
 from thunder_sgl.control.tickets import Stats, Ticket, TickResult
 from thunder_sgl.control.windows import Reason, Windows
@@ -65,8 +66,10 @@ class Controller:
         self.policy_name = policy
         self.policy = make_policy(policy, config.scheduler, config.monitor.stale_after_seconds)
         self.sched: SchedulerConfig = self.policy.cfg
-        self.kvrefs = KVRefs(self.sched.session_refs)
         """The one source of scheduling parameters: the configuration as the policy adjusted it."""
+        self.kvrefs = KVRefs(self.sched.session_refs)
+        mon = config.monitor
+        self.kvdrop = KVDropWatch(mon.kv_drop_confirm, mon.kv_drop_fraction)
         self.programs = ProgramTable(GroupTable(config.programs.completed_groups_kept))
         self.backends: dict[str, Backend] = {}
         self.stats = Stats()
@@ -150,7 +153,9 @@ class Controller:
         """A dispatched request ended (usage None: failed or aborted). Returns held tickets
         that the freed HBM room lets through now."""
         b = t.backend
+        idle_at = float("-inf")
         if b is not None:
+            idle_at = b.idle_at  # before this request's end moves it (control.kvdrop)
             b.ended(now)
         if usage is not None:
             self.stats.prompt_tokens += usage.prompt_tokens
@@ -165,8 +170,12 @@ class Controller:
         first = p.steps == 0
         if usage is not None and b is not None:
             self._measure(b, p, t, usage, now)
+            self._watch_kv(b, p, usage, idle_at, now)
         p.finish_request(now, usage, self.sched.output_ema_alpha)
+        p.last_step_backend = b.key if usage is not None and b is not None and p.backend == b.key else None
+        p.last_step_end = now
         if usage is not None:
+            p.last_step_prompt = usage.prompt_tokens
             self._learn_sizes(p, t, usage, first)
         if usage is not None and usage.weight_version is not None and b is not None:
             self.weight_version_seen(b, usage.weight_version, now)
@@ -199,6 +208,24 @@ class Controller:
         log.warning("worker %s reports weights %r (was %r): updated behind the router; its KV accounting is reset",
                     b.key, version, old)
         return self.reset_kv([x.key for x in ranks], now)
+
+    def _watch_kv(self, b: Backend, p: Program, usage: Usage, idle_at: float, now: float) -> None:
+        """``control.kvdrop``: did this step find its KV gone from an engine that went idle
+        since its last step, as another program's did before it, the first with nothing of
+        its shared prefix left? Then the engine dropped its
+        cache behind the router (a flush, weights reloaded with no new version): its
+        accounting is reset as for a new weight version. ``p``, still in flight, keeps its
+        place (it has just rebuilt its KV there)."""
+        eligible = (p.last_step_backend == b.key and p.backend == b.key and idle_at >= p.last_step_end
+                    and p.id not in self.kvrefs.unref)
+        if not self.kvdrop.step(b.key, p.id, eligible, p.last_step_prompt, usage.cached_tokens, p.shared_prefix_tokens):
+            return
+        ranks = [x.key for x in self.backends.values() if x.worker_url == b.worker_url]
+        self.stats.kv_drops_seen += 1
+        log.warning("worker %s: %d programs in a row found their KV gone after the engine was idle, the first without "
+                    "its shared prefix, no new weight version: its cache was dropped behind the router (a flush, a "
+                    "reload); its KV accounting is reset", b.worker_url, self.kvdrop.confirm)
+        self.reset_kv(ranks, now)
 
     def _measure(self, b: Backend, p: Program, t: Ticket, usage: Usage, now: float) -> None:
         """What the admission rule reads of this step (``Backend.served``): its tokens, the part
@@ -382,6 +409,7 @@ class Controller:
         refills within the scheduler's limits instead of every program prefilling at once on
         its old backend. Returns the programs sent back to the queue."""
         keys = None if backend_keys is None else set(backend_keys)
+        self.kvdrop.forget(keys)
         requeued = []
         for p in self.programs.values():
             where = p.backend if p.active else p.prev_backend

@@ -47,6 +47,11 @@ class KVRefs:
             self._closes.append((p.id, p.session_on))
             p.session_on = None
 
+    @property
+    def unref(self) -> frozenset[str]:
+        """The programs overcommitted now (admitted beyond what fits: no reference)."""
+        return self._unref
+
     def forget(self, p: Program) -> None:
         """p's engine dropped its KV (and its sessions with it): nothing to close."""
         p.session_on = None

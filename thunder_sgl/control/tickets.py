@@ -92,6 +92,9 @@ class Stats:
     """Programs whose cached KV the engines dropped (new weights, flushed cache)."""
     weight_changes_seen: int = 0
     """Engines whose weight version changed behind the router."""
+    kv_drops_seen: int = 0
+    """Engines seen to have dropped their cached KV behind the router with no new weight
+    version (a direct flush, a reload without a version label: ``control.kvdrop``)."""
     engine_pauses_seen: int = 0
     """Pauses of a worker seen behind the router (``/ready`` 503 with no window of the router's
     own ``/pause_generation`` open)."""

@@ -114,6 +114,8 @@ class _StateCollector(Collector):
             ("thunder_kv_resets", s.kv_resets, "Programs whose cached KV the engines dropped (new weights, flush)"),
             ("thunder_weight_changes_seen", s.weight_changes_seen,
              "Engines seen with new weights the router did not load (updated behind it)"),
+            ("thunder_kv_drops_seen", s.kv_drops_seen,
+             "Engines seen to drop their cached KV behind the router with no new weight version (flush, reload)"),
             ("thunder_engine_pauses_seen", s.engine_pauses_seen,
              "Workers seen paused behind the router (GET /ready 503 with no pause through the router)"),
             ("thunder_engine_paused_held", s.engine_paused_held,

@@ -119,6 +119,14 @@ class Program:
     migrations: int = 0
     kv_resets: int = 0
     """Times the engines dropped this program's cached KV (new weights, flushed cache)."""
+    last_step_backend: str | None = None
+    """Where its last completed step ran, while it has stayed placed there since (cleared by a
+    pause, a failed request, a KV reset): the engine should hold that step's KV
+    (``control.kvdrop``)."""
+    last_step_end: float = 0.0
+    """When its last completed step ended."""
+    last_step_prompt: int = 0
+    """Prompt tokens of its last completed step."""
     sandboxes: list[str] = field(default_factory=list)
     session_on: str | None = None
     """Backend where the program's KV is referenced by its session (``kvrefs``)."""
@@ -167,6 +175,7 @@ class Program:
         self.state = ProgramState.PAUSED
         self.prev_backend = self.backend
         self.backend = None
+        self.last_step_backend = None
         self.paused_since = now
         self.waiting_since = now
         self.pauses += 1
@@ -236,6 +245,7 @@ class Program:
             self.prev_backend = None
         if self.in_flight == 0:
             self.acting_since = now
+        self.last_step_backend = None
         self.kv_resets += 1
 
     def tool_started(self, now: float) -> None:
