@@ -263,6 +263,14 @@ class ProgramsConfig:
 
     inferred_idle_tool_factor: float = 4.0
 
+    inferred_pause_min_seconds: float = 2.0
+    """An inferred program cannot say it ended. While programs wait with a request, one idle
+    longer than ``inferred_pause_quantile`` of its backend's tool times, and at least this, is
+    paused and waits for its next request (``Program.dormant``) instead of holding its place;
+    any is, once idle for ``inferred_pause_seconds``."""
+
+    inferred_pause_quantile: float = 0.99
+
     def __post_init__(self) -> None:
         if self.group_id_pattern is not None:
             try:
@@ -272,18 +280,26 @@ class ProgramsConfig:
         _check(self.completed_groups_kept >= 0, "programs.completed_groups_kept must be >= 0")
         _check(self.inferred_idle_min_seconds > 0, "programs.inferred_idle_min_seconds must be > 0")
         _check(self.inferred_idle_tool_factor >= 1, "programs.inferred_idle_tool_factor must be >= 1")
+        _check(self.inferred_pause_min_seconds > 0, "programs.inferred_pause_min_seconds must be > 0")
+        _check(0 < self.inferred_pause_quantile <= 1, "programs.inferred_pause_quantile must be in (0, 1]")
         _check(self.idle_timeout_seconds > 0, "programs.idle_timeout_seconds must be > 0")
         _check(self.max_programs >= 1, "programs.max_programs must be >= 1")
         _check(self.chars_per_token > 0, "programs.chars_per_token must be > 0")
         _check(0 < self.size_ema_alpha <= 1, "programs.size_ema_alpha must be in (0, 1]")
 
-    _TIME_FIELDS = ("idle_timeout_seconds", "inferred_idle_min_seconds")
+    _TIME_FIELDS = ("idle_timeout_seconds", "inferred_idle_min_seconds", "inferred_pause_min_seconds")
 
     def inferred_idle_seconds(self, longest_tool_s: float) -> float:
         """The idle timeout of an inferred program that has shown tools of up to
         ``longest_tool_s`` (docs/deploy.md, "Program ids")."""
         return min(self.idle_timeout_seconds,
                    max(self.inferred_idle_min_seconds, self.inferred_idle_tool_factor * longest_tool_s))
+
+    def inferred_pause_seconds(self, longest_tool_s: float) -> float:
+        """How long an inferred program may idle, with nobody waiting, before it is paused,
+        dormant (``Program.dormant``): ``inferred_idle_tool_factor`` × its longest tool, at
+        least 10 × ``inferred_pause_min_seconds``."""
+        return max(10 * self.inferred_pause_min_seconds, self.inferred_idle_tool_factor * longest_tool_s)
 
 
 @dataclass(frozen=True)

@@ -60,8 +60,20 @@ def test_thunder_with_inferred_ids_serves_clients_that_send_none(tmp_path):
         assert not r.errors.get(FAILED), r.notes
         assert r.steps_completed > 0 and "pauses" in r.notes
     assert inferred.kv_hit_rate == pytest.approx(explicit.kv_hit_rate, abs=0.1)
-    with pytest.raises(ValueError, match="http or real mode"):
-        BenchSpec(routers=("thunder-inferred",), mode="des")
+    with pytest.raises(ValueError, match="agent loops"):
+        BenchSpec(routers=("thunder-inferred",), mode="des", trace="t.jsonl")
+
+
+def test_thunder_inferred_in_des_releases_nothing_and_its_ended_programs_go_dormant(tmp_path):
+    """DES ``thunder-inferred``: the tickets carry each agent's program, marked inferred, and an
+    agent's end releases nothing; ended programs go dormant (paused, waiting for a request that
+    never comes) instead of holding their place, so thunder keeps up with explicit ids."""
+    spec = BenchSpec(cluster="tiny", nodes=1, programs=(6,), routers=("thunder", "thunder-inferred"),
+                     duration_s=300, warmup_s=60, seed=3, mode="des", name="inferred-des", out=tmp_path)
+    explicit, inferred = run_bench(spec, progress=QuietProgress())
+    assert "dormant=" in inferred.notes and "dormant=" not in explicit.notes
+    assert inferred.steps_completed > 0
+    assert inferred.steps_per_min == pytest.approx(explicit.steps_per_min, rel=0.25)
 
 
 def test_router_that_fails_to_start_is_recorded_and_the_sweep_goes_on(tmp_path):

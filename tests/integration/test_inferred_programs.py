@@ -132,3 +132,63 @@ def test_a_new_conversation_the_router_has_no_room_to_track_goes_statelessly(spa
     assert m['thunder_inferred_requests_total{result="overflow"}'] == 2
     assert m['thunder_inferred_requests_total{result="new"}'] == 2  # each request counted once
     assert m['thunder_inferred_requests_total{result="matched"}'] == 0
+
+
+async def prompt_agent(http: httpx.AsyncClient, url: str, steps: int, kind: str, i: int) -> int:
+    """One agent over a prompt route, no id: the previous prompt plus the answer relayed plus
+    an observation each step (``conversations`` rule 6); kind: completions, completions-stream,
+    generate-text or generate-ids. Returns its steps."""
+    prompt: str | list[int] = text(400, "sys") + text(200, "task")
+    if kind == "generate-ids":
+        prompt = [(ord(c) % 200) + 10 for c in prompt]
+    for step in range(steps):
+        if kind.startswith("completions"):
+            body = {"model": "tiny", "prompt": prompt, "max_tokens": 24, "temperature": 1.0}
+            if kind.endswith("stream"):
+                parts = []
+                async with http.stream("POST", url + "/v1/completions", json={**body, "stream": True}) as r:
+                    assert r.status_code == 200
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: {"):
+                            ch = httpx.Response(200, content=line[6:]).json()
+                            parts += [c.get("text") or "" for c in ch.get("choices") or []]
+                answer = "".join(parts)
+            else:
+                r = await http.post(url + "/v1/completions", json=body)
+                assert r.status_code == 200, r.text
+                answer = r.json()["choices"][0]["text"]
+            prompt = prompt + answer + text(120, f"obs{i}-{step}")
+        else:
+            key = "input_ids" if kind == "generate-ids" else "text"
+            r = await http.post(url + "/generate", json={key: prompt, "sampling_params": {"max_new_tokens": 24, "temperature": 1.0}})
+            assert r.status_code == 200, r.text
+            out = r.json()
+            if key == "input_ids":
+                prompt = [*prompt, *out["output_ids"], *[(ord(c) % 200) + 10 for c in text(120, f"obs{i}-{step}")]]
+            else:
+                prompt = prompt + out["text"] + text(120, f"obs{i}-{step}")
+    return steps
+
+
+def test_prompt_agents_without_ids_each_land_in_one_inferred_program(cluster):
+    """``/v1/completions`` (plain and streamed) and ``/generate`` (text and token ids) agents
+    that share a system prompt and a task, no id anywhere: each lands in one program with all
+    its steps; nothing is ambiguous; an echoed prompt (its answer repeats it) goes statelessly."""
+    _, router = cluster
+    kinds = ["completions", "completions-stream", "generate-text", "generate-ids"] * 2
+
+    async def main() -> None:
+        async with httpx.AsyncClient(timeout=120) as http:
+            await asyncio.gather(*(prompt_agent(http, router.url, 4, k, i) for i, k in enumerate(kinds)))
+            r = await http.post(router.url + "/v1/completions", json={"model": "tiny", "max_tokens": 4, "echo": True,
+                                                                        "prompt": "x " * 50})
+            assert r.status_code == 200, r.text
+
+    asyncio.run(main())
+    progs = httpx.get(router.url + "/programs").json()["data"]
+    assert len(progs) == len(kinds), progs
+    assert all(p["inferred"] and p["steps"] == 4 for p in progs), progs
+    m = metrics(router.url)
+    assert m['thunder_inferred_requests_total{result="new"}'] == len(kinds)
+    assert m['thunder_inferred_requests_total{result="matched"}'] == 3 * len(kinds)
+    assert m['thunder_inferred_requests_total{result="ambiguous"}'] == 0

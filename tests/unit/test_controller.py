@@ -334,3 +334,60 @@ def test_a_lost_prefix_is_no_evidence_unless_the_engine_went_idle_and_the_progra
     c.kvdrop.confirm = 0  # off
     _kv_step(c, "a", 1300, 0, 20.0)
     assert c.kvdrop.evidence(w0.key) == 0 and c.stats.kv_drops_seen == 0
+
+
+def test_an_idle_inferred_program_goes_dormant_gives_back_its_place_and_comes_back_with_its_request():
+    """``Program.dormant``: an inferred program idle past ``inferred_pause_seconds`` is paused
+    and not restored for room alone (a finished agent cannot say so); its next request is held
+    and restores it, waiting from that request on; an explicit one stays placed."""
+    cfg = RouterConfig(programs=ProgramsConfig(idle_timeout_seconds=1000.0))
+    assert cfg.programs.inferred_pause_seconds(0.0) == 20.0 and cfg.programs.inferred_pause_seconds(10.0) == 40.0
+    c = Controller(cfg)
+    c.add_backend(Backend("http://w0", 0, Tiers(hbm_tokens=100_000)))
+
+    def inferred_step(now: float) -> Ticket:
+        t = Ticket("inf-1", prompt_chars=400, inferred=True, conversation=b"h")
+        if c.submit(t, now) is None:
+            assert t in c.tick(now).dispatched
+        c.finish(t, now + 1, Usage(100, 10))
+        return t
+
+    inferred_step(0.0)
+    step(c, "explicit", 100, 10, 0.0)
+    p = c.programs.get("inf-1")
+    assert c.tick(15.0).paused == [] and p.active  # nobody waits: 14 s idle is not yet enough
+    res = c.tick(21.5)
+    assert res.paused == [p] and p.paused and p.dormant and c.stats.dormant == 1
+    assert c.programs.get("explicit").active
+    assert c.tick(30.0).placed == [] and p.paused  # room, but nothing to run: stays dormant
+    t = Ticket("inf-1", prompt_chars=400, inferred=True, conversation=b"h")
+    assert c.submit(t, 40.0) is None and p.waiting_since == 40.0
+    res = c.tick(40.0)
+    assert t in res.dispatched and p.active and not p.dormant
+    c.finish(t, 41.0, Usage(120, 10))
+    assert p.steps == 2
+
+
+def test_while_programs_wait_an_inferred_program_idle_past_its_backends_tools_goes_dormant_first():
+    """Under pressure the rule is quicker: an inferred program idle longer than the 0.99
+    quantile of its backend's tool times (at least 2 s) gives its place to a waiting one,
+    idlest for its longest tool first, one per waiting program; an explicit program is never
+    made dormant."""
+    c = make(hbm=3000)
+    for pid, inferred in (("inf-a", True), ("inf-b", True), ("explicit", False)):
+        t = Ticket(pid, prompt_chars=3200, inferred=inferred)
+        if c.submit(t, 0.0) is None:
+            assert t in c.tick(0.0).dispatched
+        c.finish(t, 1.0, Usage(800, 10))
+    for pid in ("inf-a", "inf-b", "explicit"):
+        assert c.programs.get(pid).active
+    b = c.backends["http://w0"]
+    for _ in range(50):
+        b.served.tool_hist.add(1.0)  # tools of 1 s: 0.99 quantile ≤ 1.2 s, so the 2 s floor rules
+    c.programs.get("inf-b").last_active = 2.0  # inf-a has idled longer
+    t = ticket("new", 800)
+    assert c.submit(t, 3.5) is None  # no room: held
+    res = c.tick(3.5)
+    assert [p.id for p in res.paused] == ["inf-a"] and c.programs.get("inf-a").dormant
+    assert t in res.dispatched  # its place went to the waiting program in the same tick
+    assert c.programs.get("inf-b").active and c.programs.get("explicit").active

@@ -8,7 +8,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from thunder_sgl.control.conversations import Conversations, StreamAnswer, answer_message, chain
+from thunder_sgl.control.conversations import Conversations, StreamAnswer, answer_message, answer_of, chain, prompt_bytes
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant that can run bash."}
 TASK = {"role": "user", "content": "Fix the failing test in repo/foo."}
@@ -153,3 +153,62 @@ def test_agents_sharing_a_system_prompt_and_a_task_are_never_misattributed(agent
                 reply = f"answer {a}" if rng.random() < distinct else "same answer"
                 conv.answered(m.program_id, m.head, {"content": reply}, float(step))
             hist[a] = [*hist[a], {"role": "assistant", "content": reply}, {"role": "user", "content": f"obs {step}"}]
+
+
+def _prompt_step(c: Conversations, prompt: str | list[int], answer: dict, now: float) -> str | None:
+    """Match a prompt (rule 6) and record its answer; returns the program (None: ambiguous)."""
+    data, tokens = prompt_bytes(prompt)
+    m, head = c.match_prompt(data, tokens, now)
+    if m.program_id is not None:
+        c.answered_prompt(m.program_id, head, answer, now)
+    return m.program_id
+
+
+def test_prompts_continue_the_program_whose_prompt_and_answer_they_extend_longest_first():
+    c = Conversations(keep_seconds=600, max_programs=100)
+    head = "You are an agent. Task: fix foo. "
+    a = _prompt_step(c, head, {"content": "I run ls."}, 0.0)
+    b = _prompt_step(c, head, {"content": "I run cat."}, 0.0)  # the same head: told apart by the answers
+    assert a != b and c.counts["new"] == 2
+    assert _prompt_step(c, head + "I run ls." + " a.py b.py ", {"content": "done"}, 1.0) == a
+    assert _prompt_step(c, head + "I run cat." + " error ", {"content": "retry"}, 1.0) == b
+    # a's longer expectation wins over its own earlier one
+    assert _prompt_step(c, head + "I run ls. a.py b.py done more", {"content": "x"}, 2.0) == a
+    assert c.counts == {"matched": 3, "new": 2, "ambiguous": 0, "busy": 0, "overflow": 0}
+    # a head matches only a prompt that adds to it: the bare head again is a new agent's start
+    assert _prompt_step(c, head, {"content": "z"}, 3.0) not in (a, b, None) and c.counts["new"] == 3
+    # one that adds to the head but to neither answer continues all three heads: ambiguous
+    assert _prompt_step(c, head + "I run pwd.", {"content": "z"}, 4.0) is None and c.counts["ambiguous"] == 1
+
+
+def test_token_prompts_use_output_ids_and_never_match_text():
+    c = Conversations(keep_seconds=600, max_programs=100)
+    ids = list(range(100, 160))
+    p = _prompt_step(c, ids, {"content": "ignored", "output_ids": [7, 8, 9]}, 0.0)
+    assert _prompt_step(c, [*ids, 7, 8, 9, 42, 43], {"output_ids": [1]}, 1.0) == p
+    # the same bytes as text are another domain
+    text = prompt_bytes(ids)[0].decode("latin-1")
+    m, _ = c.match_prompt(text.encode("latin-1"), False, 2.0)
+    assert m.kind == "new"
+    assert prompt_bytes(["a", "b"]) is None and prompt_bytes([]) is None and prompt_bytes([1, True]) is None
+
+
+def test_forgetting_a_prompt_program_drops_its_lengths_and_keys():
+    c = Conversations(keep_seconds=10, max_programs=100)
+    p = _prompt_step(c, "x" * 100, {"content": "y" * 10}, 0.0)
+    assert c._plens_sorted == [100, 110]
+    c.forget(p)
+    assert c._plens_sorted == [] and not c._index and not c._heads
+    q = _prompt_step(c, "x" * 100, {"content": "y"}, 0.0)
+    c.expire(20.0)  # unmatched past keep_seconds
+    assert q not in c and c._plens_sorted == []
+
+
+def test_answers_of_prompt_routes():
+    assert answer_of("completions", {"choices": [{"text": "hi"}]}) == {"content": "hi"}
+    assert answer_of("generate", {"text": "hi", "output_ids": [1]}) == {"content": "hi", "output_ids": [1]}
+    assert answer_of("completions", {"choices": []}) is None and answer_of("generate", None) is None
+    s = StreamAnswer()
+    for t in ("a", "b"):
+        s.feed({"choices": [{"index": 0, "text": t}]})
+    assert s.message()["content"] == "ab"

@@ -161,6 +161,19 @@ class ToolTimes:
                 w[i] += 1.0
                 return
 
+    def upper(self, q: float) -> float:
+        """The upper edge of the bin where the share of tool calls reaches ``q`` (0 when none
+        seen): at least the q-quantile of the tool times."""
+        total = sum(self.weights)
+        if total <= 0:
+            return 0.0
+        acc = 0.0
+        for edge, w in zip(TOOL_BINS, self.weights, strict=True):
+            acc += w
+            if acc >= q * total:
+                return edge
+        return TOOL_BINS[-1]
+
     def points(self) -> tuple[tuple[float, float], ...]:
         """(bin middle seconds, share of tool calls) for the bins that hold any."""
         total = sum(self.weights)

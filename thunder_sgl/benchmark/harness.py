@@ -140,9 +140,9 @@ class BenchSpec:
             raise ValueError("router_args names a router that is not in the sweep")
         if self.nodes < 1 or self.duration_s <= 0 or self.warmup_s < 0 or self.time_scale <= 0:
             raise ValueError("need nodes >= 1, duration > 0, warmup >= 0, time scale > 0")
-        if self.mode == "des" and THUNDER_INFERRED in self.routers:
-            raise ValueError(f"{THUNDER_INFERRED} needs the router process (http or real mode): the DES drives "
-                             "the scheduler with the program ids")
+        if self.mode == "des" and THUNDER_INFERRED in self.routers and (self.trace or self.rollout is not None):
+            raise ValueError(f"{THUNDER_INFERRED} in DES mode is for agent loops: a trace's turns or a rollout's "
+                             "samples are not inferred there (run the trace in http or real mode)")
         if self.mode == "real" and self.time_scale != 1.0:
             raise ValueError("real mode runs in real time: --time-scale must be 1")
         if self.hicache_ratio is not None and (self.mode != "real" or not self.hicache_ratio > 1.0):

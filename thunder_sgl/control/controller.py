@@ -354,6 +354,7 @@ class Controller:
         closed = self.windows.expire(now)
         if self.windows.holding:
             return TickResult(decisions=Decisions())  # held: no restores, no timeouts, no releases
+        dormant = self._pause_dormant(now)
         d = self.policy.tick(now, self.programs, self.backend_list())
         paused, placed = apply(d, self.programs, now)
         for key, level in d.admission.items():
@@ -371,7 +372,7 @@ class Controller:
         self.stats.restores += len(placed) - len(admitted)
         placed_ids = {p.id for p in placed}
         self.stats.migrations += sum(1 for pl in d.placements if pl.migrated and pl.program_id in placed_ids)
-        res = TickResult(decisions=d, paused=paused, placed=placed)
+        res = TickResult(decisions=d, paused=dormant + paused, placed=placed)
         for p in placed:
             res.dispatched.extend(self._drain_program(p, now))
         for b in self.backend_list():
@@ -509,6 +510,8 @@ class Controller:
         if self._held_count >= self.cfg.gateway.max_held_requests:
             raise Overloaded(f"{self._held_count} requests are already held (max_held_requests)",
                              retry_after=self.cfg.gateway.retry_after_seconds)
+        if p.dormant and not p.held:
+            p.waiting_since = now  # it waits from its request on, not from when it went dormant
         p.hold(now, estimate)
         t.window_mark = self.windows.elapsed(now)
         b = self.backends.get(p.backend) if p.backend is not None else None
@@ -598,6 +601,43 @@ class Controller:
                 self.cancel(t)
                 out.append(t)
         self.stats.expired += len(out)
+        return out
+
+    def _pause_dormant(self, now: float) -> list[Program]:
+        """Inferred programs that may have ended are paused and made dormant: an agent run
+        without ids cannot say it ended, and until its idle timeout releases it a finished one
+        would hold its place and its counted KV. Dormant, it gives both back and waits for its
+        next request (then restored as any paused program with a held request). Two rules
+        (``ProgramsConfig``): while programs wait with a request, the inferred programs idle
+        longer than ``inferred_pause_quantile`` of their backend's tool times (at least
+        ``inferred_pause_min_seconds``), one per waiting program, those idle longest for their
+        own longest tool first; and any idle for ``inferred_pause_seconds`` (a multiple of the
+        longest tool it has shown)."""
+        pc = self.cfg.programs
+        forced: list[Program] = []
+        maybe: list[tuple[float, Program]] = []
+        waiting = -1  # counted once, when a candidate needs it
+        for p in self.programs.values():
+            if not p.inferred or not p.active or p.in_flight or p.held or p.tool_running:
+                continue
+            idle = now - p.last_active
+            if idle > pc.inferred_pause_seconds(p.max_tool_seconds):
+                forced.append(p)
+                continue
+            if waiting < 0:
+                waiting = sum(1 for q in self.programs.waiting() if q.held)
+            b = self.backends.get(p.backend) if waiting else None  # type: ignore[arg-type]
+            if b is not None and idle > max(pc.inferred_pause_min_seconds,
+                                            b.served.tool_hist.upper(pc.inferred_pause_quantile)):
+                maybe.append((idle / max(p.max_tool_seconds, pc.inferred_pause_min_seconds), p))
+        maybe.sort(key=lambda x: -x[0])
+        out = forced + [p for _, p in maybe[:max(0, waiting)]]
+        for p in out:
+            self.programs.pause(p, now)
+            self.kvrefs.left(p)
+            p.dormant = True
+        self.stats.pauses += len(out)
+        self.stats.dormant += len(out)
         return out
 
     def _release_idle(self, now: float) -> list[Program]:

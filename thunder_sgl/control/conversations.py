@@ -37,22 +37,37 @@ happened since (tool output, user feedback). The rule:
    requests are byte for byte the same (the same task, and answers dropped or identical)
    cannot be, and stay ``ambiguous``.
 5. **Forget** a program's chains after ``keep_seconds`` without a match, and the oldest
-   program's past ``max_programs``. The program itself is released earlier, by its idle
-   timeout (``inferred_idle_seconds``): its record outlives it, so an agent that comes back
+   program's past ``max_programs``. The program itself is paused, dormant, once idle past its
+   tools (``inferred_pause_seconds``, ``Program.dormant``: a finished agent cannot say so),
+   and released earlier than its chains are forgotten, by its idle timeout
+   (``inferred_idle_seconds``): its record outlives it, so an agent that comes back
    after a long tool lands in a program of the same id again, re-created, not in another.
 
+6. **Prompts** (``/v1/completions`` with one prompt, ``/generate`` with ``text`` or
+   ``input_ids``, not streamed): a prompt has no message boundaries, so rules 1–2 become the
+   prompt's bytes — its UTF-8 text, or its token ids as 8-byte integers, the two kept apart by
+   a tag — hashed whole (``blake2b``, 16 bytes). The expectation is the prompt plus the answer's
+   text (or its ``output_ids``), the head the prompt alone; both are indexed with their length.
+   A prompt is matched at every length the index holds that is no longer than it, longest
+   first wins: one pass of the hash over the prompt, a copy of its state at each such length
+   (``match_prompt``; a few microseconds a live program), not a hash per length. A head again
+   matches only a prompt that adds to it. Nothing is normalised: an agent that sends the answer
+   back changed (stripped, re-tokenized text as token ids) continues no program. ``/generate``
+   streams are not inferred (SGLang streams its text cumulatively or in deltas depending on a
+   server flag the router cannot see), nor batches (a list of prompts, ``n`` > 1).
+
 The index is pure and deterministic (no clock of its own, no I/O); the gateway calls it from
-the inference route (``match``) and from the proxy when an answer is relayed (``answered``).
-``/v1/completions`` and ``/generate`` are not inferred (docs/deploy.md, "Program ids"): a text
-prompt has no message boundaries, so matching it would hash the prompt once per length a
-live program could have.
+the inference route (``match``, ``match_prompt``) and from the proxy when an answer is relayed
+(``answered``, ``answered_prompt``).
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import os
-from collections import OrderedDict
+from array import array
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -135,7 +150,37 @@ class Match:
 class _Record:
     expectations: list[bytes] = field(default_factory=list)
     heads: list[bytes] = field(default_factory=list)
+    prompts: list[tuple[bytes, int, bool]] = field(default_factory=list)
+    """Its prompt keys (rule 6): (hash, prompt length, a head)."""
     last: float = 0.0
+
+
+_TEXT, _TOKENS = b"thunder-prompt-text\x00", b"thunder-prompt-ids\x00"
+
+
+@dataclass(slots=True)
+class PromptHead:
+    """A prompt's hash state (rule 6): its answer continues it into the expectation."""
+
+    state: Any
+    """``blake2b`` after the tag and the prompt's bytes."""
+    length: int
+    """Bytes of the prompt."""
+    tokens: bool
+    """Token ids (else text)."""
+
+
+def prompt_bytes(prompt: Any) -> tuple[bytes, bool] | None:
+    """The bytes of a single prompt (rule 6) and whether they are token ids; None for what is
+    not one prompt (a batch, a list of strings, nothing)."""
+    if isinstance(prompt, str):
+        return prompt.encode(), False
+    if isinstance(prompt, list) and prompt and all(isinstance(x, int) and not isinstance(x, bool) for x in prompt):
+        try:
+            return array("q", prompt).tobytes(), True
+        except OverflowError:
+            return None
+    return None
 
 
 class Conversations:
@@ -148,6 +193,8 @@ class Conversations:
         self._index: dict[bytes, set[str]] = {}  # expectation → programs
         self._heads: dict[bytes, set[str]] = {}  # head → programs
         self._records: OrderedDict[str, _Record] = OrderedDict()  # least recently matched first
+        self._plens: Counter[int] = Counter()  # prompt key lengths (rule 6) → keys of that length
+        self._plens_sorted: list[int] = []
         self.counts = {"matched": 0, "new": 0, "ambiguous": 0, "busy": 0, "overflow": 0}
         """Requests by outcome, each once; the gateway moves a ``matched`` or ``new`` one
         (``recount``) to ``busy``, its program had a request out already, or ``overflow``, the
@@ -186,6 +233,84 @@ class Conversations:
         self.counts["new"] += 1
         return Match("new", self.prefix + os.urandom(8).hex(), head)
 
+    def match_prompt(self, prompt: bytes, tokens: bool, now: float) -> tuple[Match, PromptHead]:
+        """The program of a request with this prompt (rule 6), counted as ``match`` counts;
+        with the prompt's hash state, which its answer continues."""
+        h = hashlib.blake2b(_TOKENS if tokens else _TEXT, digest_size=DIGEST)
+        view, n, pos = memoryview(prompt), len(prompt), 0
+        owners: set[str] | None = None
+        lengths = self._plens_sorted
+        for length in lengths[:bisect.bisect_right(lengths, n)]:
+            h.update(view[pos:length])
+            pos = length
+            d = h.copy().digest()
+            found = self._index.get(d)
+            if length < n:
+                also = self._heads.get(d)
+                if also:
+                    found = also if not found else found | also
+            if found:
+                owners = found  # longer wins
+        h.update(view[pos:])
+        head = PromptHead(h, n, tokens)
+        if owners is None:
+            self.counts["new"] += 1
+            return Match("new", self.prefix + os.urandom(8).hex(), b""), head
+        if len(owners) > 1:
+            self.counts["ambiguous"] += 1
+            return Match("ambiguous", None, b""), head
+        pid = next(iter(owners))
+        rec = self._records[pid]
+        rec.last = now
+        self._records.move_to_end(pid)
+        self.counts["matched"] += 1
+        return Match("matched", pid, b""), head
+
+    def answered_prompt(self, pid: str, head: PromptHead, answer: dict[str, Any], now: float) -> None:
+        """The answer to ``pid``'s prompt request was relayed (``answer_of``): index the
+        expectation it makes and the head, with their lengths (rule 6)."""
+        if head.tokens:
+            ids = answer.get("output_ids")
+            more = prompt_bytes(ids) if isinstance(ids, list) else None
+            if more is None:
+                return
+            extra = more[0]
+        else:
+            text = answer.get("content")
+            if not isinstance(text, str):
+                return
+            extra = text.encode()
+        h = head.state.copy()
+        h.update(extra)
+        rec = self._records.get(pid)
+        if rec is None:
+            rec = self._records[pid] = _Record()
+        else:
+            self._records.move_to_end(pid)
+        rec.last = now
+        for key, length, is_head in ((h.digest(), head.length + len(extra), False),
+                                     (head.state.digest(), head.length, True)):
+            entry = (key, length, is_head)
+            if entry in rec.prompts:
+                continue
+            rec.prompts.append(entry)
+            (self._heads if is_head else self._index).setdefault(key, set()).add(pid)
+            self._add_length(length)
+        self.expire(now)
+
+    def _add_length(self, length: int) -> None:
+        if self._plens[length] == 0:
+            bisect.insort(self._plens_sorted, length)
+        self._plens[length] += 1
+
+    def _drop_length(self, length: int) -> None:
+        self._plens[length] -= 1
+        if self._plens[length] <= 0:
+            del self._plens[length]
+            i = bisect.bisect_left(self._plens_sorted, length)
+            if i < len(self._plens_sorted) and self._plens_sorted[i] == length:
+                del self._plens_sorted[i]
+
     def recount(self, kind: str, outcome: str) -> None:
         """A request ``match`` counted as ``kind`` went otherwise (``busy``, ``overflow``):
         every request is counted once, by what was done with it."""
@@ -212,13 +337,16 @@ class Conversations:
         rec = self._records.pop(pid, None)
         if rec is None:
             return
-        for mine, index in ((rec.expectations, self._index), (rec.heads, self._heads)):
-            for h in mine:
-                owners = index.get(h)
-                if owners is not None:
-                    owners.discard(pid)
-                    if not owners:
-                        del index[h]
+        keys = [(h, self._index) for h in rec.expectations] + [(h, self._heads) for h in rec.heads]
+        keys += [(h, self._heads if is_head else self._index) for h, _, is_head in rec.prompts]
+        for h, index in keys:
+            owners = index.get(h)
+            if owners is not None:
+                owners.discard(pid)
+                if not owners:
+                    del index[h]
+        for _, length, _ in rec.prompts:
+            self._drop_length(length)
 
     def expire(self, now: float) -> int:
         """Forget the records unmatched for ``keep_seconds``, and the oldest beyond
@@ -244,6 +372,22 @@ def answer_message(obj: Any) -> dict[str, Any] | None:
     return msg if isinstance(msg, dict) else None
 
 
+def answer_of(route: str, obj: Any) -> dict[str, Any] | None:
+    """The answer a non-stream response relays, for ``answered`` (chat: the assistant message)
+    or ``answered_prompt`` (completions: ``{"content": text}``; ``/generate``: its ``text`` as
+    ``content`` and its ``output_ids``). None when it has none."""
+    if route == "chat":
+        return answer_message(obj)
+    if not isinstance(obj, dict):
+        return None
+    if route == "generate":
+        return {"content": obj.get("text"), "output_ids": obj.get("output_ids")}
+    choices = obj.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    return {"content": choices[0].get("text")}
+
+
 class StreamAnswer:
     """The assistant message of a chat stream's first choice, from its deltas: the content
     concatenated, and each tool call's name and argument fragments by index."""
@@ -258,6 +402,8 @@ class StreamAnswer:
         for ch in obj.get("choices") or ():
             if not isinstance(ch, dict) or ch.get("index", 0) != 0:
                 continue
+            if isinstance(ch.get("text"), str):  # a completions stream
+                self.content.append(ch["text"])
             d = ch.get("delta")
             if not isinstance(d, dict):
                 continue

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from thunder_sgl.backends.backend import Backend
 from thunder_sgl.control.windows import Closed
 from thunder_sgl.programs import Program
 from thunder_sgl.scheduler import Decisions
+
+if TYPE_CHECKING:
+    from thunder_sgl.control.conversations import PromptHead
 
 
 def prefix_key_of(text: str) -> str:
@@ -56,8 +59,9 @@ class Ticket:
     was paused behind the router is not held time, ``backends.pause``)."""
     inferred: bool = False
     """The program id was inferred from the messages (``conversations``), not sent."""
-    conversation: bytes | None = None
-    """No program id sent: the chain hash of the request's messages, which its answer extends."""
+    conversation: bytes | PromptHead | None = None
+    """No program id sent: the chain hash of the request's messages (or its prompt's hash
+    state, ``conversations`` rule 6), which its answer extends."""
     conversation_id: str | None = None
     """No program id sent: the program its answer is recorded under (``conversations``)."""
 
@@ -92,6 +96,8 @@ class Stats:
     """Programs whose cached KV the engines dropped (new weights, flushed cache)."""
     weight_changes_seen: int = 0
     """Engines whose weight version changed behind the router."""
+    dormant: int = 0
+    """Inferred programs paused after idling past their tools (``Program.dormant``)."""
     kv_drops_seen: int = 0
     """Engines seen to have dropped their cached KV behind the router with no new weight
     version (a direct flush, a reload without a version label: ``control.kvdrop``)."""

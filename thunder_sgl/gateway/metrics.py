@@ -114,6 +114,8 @@ class _StateCollector(Collector):
             ("thunder_kv_resets", s.kv_resets, "Programs whose cached KV the engines dropped (new weights, flush)"),
             ("thunder_weight_changes_seen", s.weight_changes_seen,
              "Engines seen with new weights the router did not load (updated behind it)"),
+            ("thunder_dormant", s.dormant,
+             "Inferred programs paused after idling past their tools (their client cannot say they ended)"),
             ("thunder_kv_drops_seen", s.kv_drops_seen,
              "Engines seen to drop their cached KV behind the router with no new weight version (flush, reload)"),
             ("thunder_engine_pauses_seen", s.engine_pauses_seen,

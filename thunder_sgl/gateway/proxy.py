@@ -33,7 +33,7 @@ from starlette.responses import Response
 
 from thunder_sgl.backends.backend import Backend
 from thunder_sgl.config import GatewayConfig
-from thunder_sgl.control.conversations import answer_message
+from thunder_sgl.control.conversations import answer_of
 from thunder_sgl.control.tickets import Ticket
 from thunder_sgl.errors import ThunderError, UpstreamError
 from thunder_sgl.gateway.inbound import PATHS, Inbound
@@ -256,7 +256,7 @@ class Proxy:
             usage = usage_from_generate(obj) if x.inbound.route == "generate" else usage_from_openai(obj)
             if x.strip_tiers and isinstance(obj, dict) and obj.pop("sglext", None) is not None:
                 data = orjson.dumps(obj)
-            self.finish(t, usage, answer_message(obj) if t.conversation_id is not None else None)
+            self.finish(t, usage, answer_of(x.inbound.route, obj) if t.conversation_id is not None else None)
         return Response(data, status_code=200, media_type=resp.content_type)
 
     async def _relay(self, x: Exchange, resp: UpstreamResponse) -> AsyncIterator[bytes]:

@@ -81,8 +81,11 @@ class InferenceHandler:
                        prefix_key=inbound.prefix_key, prefix_chars=inbound.prefix_chars,
                        group_id=inbound.group_id, group_chars=inbound.group_chars, rid=rid,
                        max_output=inbound.max_output)
-            if t.program_id is None and route == "chat":
-                gw.infer(t, inbound.body["messages"])
+            if t.program_id is None:
+                if route == "chat":
+                    gw.infer(t, inbound.body["messages"])
+                else:
+                    gw.infer_prompt(inbound, t)
             disconnected = partial(wait_disconnect, request)
             resp: Response | None = None
             try:

@@ -25,10 +25,11 @@ from thunder_sgl.backends.backend import Backend
 from thunder_sgl.backends.monitor import Monitor, Worker
 from thunder_sgl.config import RouterConfig
 from thunder_sgl.control.controller import Controller
-from thunder_sgl.control.conversations import Conversations
+from thunder_sgl.control.conversations import Conversations, Match, PromptHead, prompt_bytes
 from thunder_sgl.control.tickets import Ticket, TickResult
 from thunder_sgl.errors import NotFound, Overloaded, ThunderError
 from thunder_sgl.gateway.aborted import RequestAborted
+from thunder_sgl.gateway.inbound import Inbound
 from thunder_sgl.gateway.metrics import GatewayMetrics
 from thunder_sgl.gateway.proxy import Proxy
 from thunder_sgl.gateway.upstream import Pool
@@ -216,7 +217,10 @@ class Gateway:
         now = self.clock()
         if answer is not None and usage is not None and t.conversation_id is not None \
                 and t.conversation is not None and self.conversations is not None:
-            self.conversations.answered(t.conversation_id, t.conversation, answer, now)
+            if isinstance(t.conversation, PromptHead):
+                self.conversations.answered_prompt(t.conversation_id, t.conversation, answer, now)
+            else:
+                self.conversations.answered(t.conversation_id, t.conversation, answer, now)
         self._dispatch(self.controller.finish(t, now, usage))
 
     def infer(self, t: Ticket, messages: list[Any]) -> None:
@@ -228,16 +232,40 @@ class Gateway:
         if self.conversations is None:
             return
         m = self.conversations.match(messages, self.clock())
+        self._inferred(t, m, m.head)
+
+    def infer_prompt(self, inbound: Inbound, t: Ticket) -> None:
+        """The same for a ``/v1/completions`` or ``/generate`` request that names no program,
+        from its prompt (``conversations`` rule 6): one prompt, not streamed from /generate,
+        not echoed, one choice; anything else goes statelessly."""
+        if self.conversations is None:
+            return
+        body = inbound.body
+        if inbound.route == "completions":
+            if body.get("echo") or body.get("n") not in (None, 1) or body.get("best_of") not in (None, 1):
+                return
+            prompt = prompt_bytes(body.get("prompt"))
+        else:
+            sp = body.get("sampling_params")
+            if inbound.stream or (isinstance(sp, dict) and sp.get("n") not in (None, 1)):
+                return
+            prompt = prompt_bytes(body["text"] if body.get("text") is not None else body.get("input_ids"))
+        if prompt is None:
+            return
+        m, head = self.conversations.match_prompt(prompt[0], prompt[1], self.clock())
+        self._inferred(t, m, head)
+
+    def _inferred(self, t: Ticket, m: Match, head: bytes | PromptHead) -> None:
         if m.program_id is None:
             return
         c = self.controller
         p = c.programs.get(m.program_id)
         if p is not None and (p.in_flight or p.held):
-            self.conversations.recount(m.kind, "busy")
+            self.conversations.recount(m.kind, "busy")  # type: ignore[union-attr]
             return
-        t.conversation, t.conversation_id = m.head, m.program_id
+        t.conversation, t.conversation_id = head, m.program_id
         if p is None and not c.can_create():
-            self.conversations.recount(m.kind, "overflow")
+            self.conversations.recount(m.kind, "overflow")  # type: ignore[union-attr]
             return
         t.program_id, t.inferred = m.program_id, True
 

@@ -85,7 +85,7 @@ class SSETap:
         """The router asked for ``return_cached_tokens_details``, the client did not: SGLang's
         ``sglext`` chunk (``choices: []``, ``usage: null``) is read and not passed on."""
         self._tiers: tuple[int, int] | None = None
-        self.answer = StreamAnswer() if collect and route == "chat" else None
+        self.answer = StreamAnswer() if collect and route in ("chat", "completions") else None
         self.usage: Usage | None = None
         self.done = False
         self.tokens_seen = False

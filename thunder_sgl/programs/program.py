@@ -106,6 +106,10 @@ class Program:
     """The longest tool time seen (an inferred program's idle timeout is derived from it)."""
     inferred: bool = False
     """Its id was inferred from its requests' messages (``control.conversations``)."""
+    dormant: bool = False
+    """An inferred program paused after idling well past its tools (it may have ended; its
+    client cannot say): it waits in the queue for its next request, not for room
+    (``scheduler.queue``), until its idle timeout releases it."""
     tool_running: int = 0
     prompt_tokens_total: int = 0
     cached_tokens_total: int = 0
@@ -261,6 +265,7 @@ class Program:
     # ---- helpers -------------------------------------------------------------------------
     def _place(self, backend: str, now: float) -> None:
         self.state = ProgramState.ACTIVE
+        self.dormant = False
         self.backend = backend
         self.prev_backend = backend
         if self.group is not None:

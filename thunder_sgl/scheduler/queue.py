@@ -3,7 +3,8 @@
 Order (best first): ``since − head start``, then fewer tokens, then id — ascending, so it is
 the same order as descending aging score ``waited + head start``. The head start is the
 restore class: a paused program with a held request (``held_bonus_seconds``) before an idle
-paused program (``idle_bonus_seconds``) before a new program (0). A group member adds
+paused program (``idle_bonus_seconds``) before a new program (0). A new program with no request
+(known by its sandbox only) and a dormant one (``Program.dormant``) wait for a request. A group member adds
 ``group_bonus_seconds × done share`` (``groups``: the share of its group's members already
 finished), so the group ages as its members finish: a training step waits for the group's last
 member, and that member goes before newer work. Aging makes every wait bounded: a program that
@@ -95,7 +96,7 @@ class Smallest:
 def item(p: Program, cfg: SchedulerConfig, default_out: float) -> Waiting | None:
     """The heap item of a waiting program (None for one known only by its sandbox so far:
     nothing to run, nothing to size)."""
-    if not p.admitted and not p.held:
+    if not p.held and (not p.admitted or p.dormant):
         return None
     since = p.waiting_since if p.waiting_since is not None else p.created_at
     if p.admitted:
@@ -149,7 +150,7 @@ def build(waiting: Iterable[Program], cfg: SchedulerConfig, now: float, room: fl
     group_bonus = cfg.group_bonus_seconds if cfg.groups else 0.0
     for p in waiting:
         held = p.held
-        if not p.admitted and not held:
+        if not held and (not p.admitted or p.dormant):
             continue
         waited_from = p.waiting_since if p.waiting_since is not None else p.created_at
         since = waited_from - (held_bonus if held else idle_bonus) if p.admitted else waited_from

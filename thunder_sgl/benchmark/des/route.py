@@ -70,9 +70,15 @@ class ThunderRouter:
     """
 
     def __init__(self, workers: list[SimWorker], read: Reader, cfg: RouterConfig, policy: str,
-                 system_text_tokens: int, prefix_identity: str) -> None:
+                 system_text_tokens: int, prefix_identity: str, inferred: bool = False) -> None:
         self.cfg = cfg
         self.ctl = Controller(cfg, policy)
+        self.inferred = inferred
+        """``thunder-inferred``: the client sends no program id and never releases its program.
+        A DES conversation extends its previous request and answer exactly and no two agents
+        get the same answer, so inference (``control.conversations``) would find each agent's
+        program at every step: the tickets carry it, marked inferred (the dormant pause and the
+        tool-derived idle timeout apply), and the agent's end releases nothing."""
         self.read = read
         self.n = len(workers)
         self.where: dict[str, tuple[int, int]] = {}
@@ -96,7 +102,7 @@ class ThunderRouter:
     # ---- request path -------------------------------------------------------------------
     def send(self, agent: Any, prompt_tokens: int, now: float) -> list[Dispatch]:
         spec = agent.spec
-        t = Ticket(agent.pid, prompt_chars=CHARS_PER_TOKEN * prompt_tokens,
+        t = Ticket(agent.pid, prompt_chars=CHARS_PER_TOKEN * prompt_tokens, inferred=self.inferred,
                    prefix_key=self.prefix_key, prefix_chars=self.prefix_chars, group_id=spec.group_id,
                    group_chars=CHARS_PER_TOKEN * spec.instance_tokens if spec.group_id else 0,
                    max_output=spec.steps[agent.step].output_tokens)  # the http driver's max_tokens
@@ -119,7 +125,9 @@ class ThunderRouter:
             usage = Usage(c.prompt_tokens, c.completion_tokens, c.cached_tokens, c.cached_host, c.cached_storage)
         return [self._dispatch(x) for x in self.ctl.finish(t, now, usage)] if t is not None else []
 
-    def release(self, agent: Any, now: float) -> None:
+    def release(self, agent: Any, now: float, end_of_run: bool = False) -> None:
+        if self.inferred and not end_of_run:
+            return  # the client cannot say its program ended: the controller's idle rules do
         if agent.pid in self.ctl.programs:
             _, held = self.ctl.release(agent.pid, now)
             for t in held:
@@ -184,7 +192,7 @@ class ThunderRouter:
             if a.ticket is not None and a.ticket.dispatched_at is not None:
                 self.ctl.finish(a.ticket, now, None)
                 a.ticket = None
-            self.release(a, now)
+            self.release(a, now, end_of_run=True)
 
     @property
     def held_count(self) -> int:

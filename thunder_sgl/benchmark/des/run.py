@@ -36,7 +36,7 @@ from thunder_sgl.benchmark.des.route import Dispatch, Refused, StockRouter, Thun
 from thunder_sgl.benchmark.des.tokens import ProgramTokens, TokenLayout
 from thunder_sgl.benchmark.measures.derived import window_check
 from thunder_sgl.benchmark.measures.ideal import ideal_steps_per_min
-from thunder_sgl.benchmark.reports.results import ALL_ROUTERS, RunResult
+from thunder_sgl.benchmark.reports.results import ALL_ROUTERS, THUNDER_INFERRED, RunResult
 from thunder_sgl.benchmark.workloads.profile import (
     ProgramSource,
     ProgramSpec,
@@ -126,8 +126,10 @@ class DesRun:
         if router in BASELINES:
             self.router: ThunderRouter | StockRouter = StockRouter(self.workers, self.read, make_baseline(router, nodes))
         else:
-            self.router = ThunderRouter(self.workers, self.read, router_config or RouterConfig(), router,
-                                        self.profile.system_prompt_tokens, f"{self.profile.name}:system")
+            inferred = router == THUNDER_INFERRED
+            self.router = ThunderRouter(self.workers, self.read, router_config or RouterConfig(),
+                                        "thunder" if inferred else router, self.profile.system_prompt_tokens,
+                                        f"{self.profile.name}:system", inferred=inferred)
 
     # ---- workers ------------------------------------------------------------------------
     def _requeue(self, i: int) -> None:
@@ -423,6 +425,8 @@ class DesRun:
             adm = summarize_admission([b.admission.view() for b in ctl.backend_list() if b.admission is not None])
             if adm:
                 notes += f" admission={adm}"
+            if ctl.stats.dormant:
+                notes += f" dormant={ctl.stats.dormant}"
         ended = sum(1 for _, e, o in self.rec.programs if o == "completed" and e < self.rec.warmup_s)
         before = sum(1 for t in self.rec.tool_ends if t < self.rec.warmup_s)
         check = window_check(int(s["steps_completed"]), self.programs, ended, warm_start=self.warm_start,

@@ -403,7 +403,7 @@ def _fill(r: RunResult, plan: RunPlan, work: WorkloadResult, warm: _Scrape, end:
         r.held_wait_p99_s = held.quantile(0.99) * scale
         r.held_wait_max_s = held.max_bound() * scale
         counts = {k: parse_counter(end.router, f"thunder_{k}") - parse_counter(warm.router, f"thunder_{k}")
-                  for k in ("pauses", "restores", "migrations", "held")}
+                  for k in ("pauses", "restores", "migrations", "held", "dormant")}
         notes.append(", ".join(f"{k} {v:.0f}" for k, v in counts.items()))
         adm = _admission(end.admission or end.router)
         if adm:
