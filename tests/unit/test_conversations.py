@@ -8,7 +8,14 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from thunder_sgl.control.conversations import Conversations, StreamAnswer, answer_message, answer_of, chain, prompt_bytes
+from thunder_sgl.control.conversations import (
+    Conversations,
+    StreamAnswer,
+    answer_message,
+    answer_of,
+    chain,
+    prompt_bytes,
+)
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant that can run bash."}
 TASK = {"role": "user", "content": "Fix the failing test in repo/foo."}
