@@ -269,7 +269,7 @@ class ProgramsConfig:
     paused and waits for its next request (``Program.dormant``) instead of holding its place;
     any is, once idle for ``inferred_pause_seconds``."""
 
-    inferred_pause_quantile: float = 0.99
+    inferred_pause_quantile: float = 0.98
 
     def __post_init__(self) -> None:
         if self.group_id_pattern is not None:

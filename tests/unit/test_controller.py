@@ -369,7 +369,7 @@ def test_an_idle_inferred_program_goes_dormant_gives_back_its_place_and_comes_ba
 
 
 def test_while_programs_wait_an_inferred_program_idle_past_its_backends_tools_goes_dormant_first():
-    """Under pressure the rule is quicker: an inferred program idle longer than the 0.99
+    """Under pressure the rule is quicker: an inferred program idle longer than the 0.98
     quantile of its backend's tool times (at least 2 s) gives its place to a waiting one,
     idlest for its longest tool first, one per waiting program; an explicit program is never
     made dormant."""
@@ -383,7 +383,7 @@ def test_while_programs_wait_an_inferred_program_idle_past_its_backends_tools_go
         assert c.programs.get(pid).active
     b = c.backends["http://w0"]
     for _ in range(50):
-        b.served.tool_hist.add(1.0)  # tools of 1 s: 0.99 quantile ≤ 1.2 s, so the 2 s floor rules
+        b.served.tool_hist.add(1.0)  # tools of 1 s: 0.98 quantile ≤ 1.2 s, so the 2 s floor rules
     c.programs.get("inf-b").last_active = 2.0  # inf-a has idled longer
     t = ticket("new", 800)
     assert c.submit(t, 3.5) is None  # no room: held

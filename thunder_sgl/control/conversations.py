@@ -54,7 +54,11 @@ happened since (tool output, user feedback). The rule:
    matches only a prompt that adds to it. Nothing is normalised: an agent that sends the answer
    back changed (stripped, re-tokenized text as token ids) continues no program. ``/generate``
    streams are not inferred (SGLang streams its text cumulatively or in deltas depending on a
-   server flag the router cannot see), nor batches (a list of prompts, ``n`` > 1).
+   server flag the router cannot see), nor batches (a list of prompts, ``n`` > 1). A prompt
+   that continues nothing is sent statelessly and recorded; its program is made at the first
+   request that continues it (the gateway, ``Gateway.infer_prompt``): prompt routes carry
+   one-shot traffic as often as agents, and a one-shot request made a program would wait for
+   admission and hold a place.
 
 The index is pure and deterministic (no clock of its own, no I/O); the gateway calls it from
 the inference route (``match``, ``match_prompt``) and from the proxy when an answer is relayed

@@ -237,7 +237,10 @@ class Gateway:
     def infer_prompt(self, inbound: Inbound, t: Ticket) -> None:
         """The same for a ``/v1/completions`` or ``/generate`` request that names no program,
         from its prompt (``conversations`` rule 6): one prompt, not streamed from /generate,
-        not echoed, one choice; anything else goes statelessly."""
+        not echoed, one choice; anything else goes statelessly. A prompt that continues no
+        program goes statelessly too, its answer recorded: the program starts at the request
+        that continues it. (Prompt routes carry one-shot traffic as often as agents: made
+        programs, one-shot requests would wait for admission and hold places.)"""
         if self.conversations is None:
             return
         body = inbound.body
@@ -253,6 +256,9 @@ class Gateway:
         if prompt is None:
             return
         m, head = self.conversations.match_prompt(prompt[0], prompt[1], self.clock())
+        if m.kind == "new":  # recorded, sent statelessly: its program starts with its next step
+            t.conversation, t.conversation_id = head, m.program_id
+            return
         self._inferred(t, m, head)
 
     def _inferred(self, t: Ticket, m: Match, head: bytes | PromptHead) -> None:
