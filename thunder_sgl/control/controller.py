@@ -80,6 +80,8 @@ class Controller:
         self._prefix_tokens: dict[str, int] = {}
         self._last_tick = float("-inf")
         self._kick = False
+        self._inferred_live = 0
+        """Live programs whose ids were inferred (``_pause_dormant`` looks at none otherwise)."""
 
     # ---- backends -----------------------------------------------------------------------
     def add_backend(self, b: Backend) -> None:
@@ -292,6 +294,8 @@ class Controller:
         q = self._held.pop(pid, deque())
         self._held_count -= len(q)
         self.stats.released += 1
+        if p.inferred:
+            self._inferred_live -= 1
         self.kvrefs.left(p)
         self._kick = True
         return p, list(q)
@@ -462,6 +466,8 @@ class Controller:
         if p.group is not None and self.sched.groups:
             p.group_key = p.group.key
         p.inferred = t.inferred
+        if t.inferred:
+            self._inferred_live += 1
         if t.prefix_key:
             p.prefix_key = t.prefix_key
             p.shared_prefix_tokens = self._prefix_tokens.get(
@@ -613,6 +619,8 @@ class Controller:
         ``inferred_pause_min_seconds``), one per waiting program, those idle longest for their
         own longest tool first; and any idle for ``inferred_pause_seconds`` (a multiple of the
         longest tool it has shown)."""
+        if not self._inferred_live:
+            return []
         pc = self.cfg.programs
         forced: list[Program] = []
         maybe: list[tuple[float, Program]] = []
