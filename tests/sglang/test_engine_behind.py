@@ -84,6 +84,20 @@ class Agents:
             await asyncio.sleep(0.1)
 
 
+async def with_agents(a: Agents, pids: list[str], main):  # noqa: ANN001, ANN201
+    """Run ``a``'s agents ``pids`` while ``main(http)`` runs; stop them after, failing on any
+    agent that raised."""
+    async with httpx.AsyncClient(timeout=300) as http:
+        tasks = [asyncio.create_task(a.run(http, p)) for p in pids]
+        try:
+            return await main(http)
+        finally:
+            a.stop.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for t in tasks:
+                assert t.exception() is None, t.exception()
+
+
 async def program(http: httpx.AsyncClient, url: str, pid: str) -> dict:
     return (await http.get(f"{url}/programs/{pid}")).json()
 
@@ -112,32 +126,24 @@ def test_weights_reloaded_on_one_engine_behind_thunder_reset_only_its_programs(e
     a = Agents(u)
     pids = [f"w{i}" for i in range(4)]
 
-    async def main() -> tuple[list[str], list[str]]:
-        async with httpx.AsyncClient(timeout=300) as http:
-            tasks = [asyncio.create_task(a.run(http, p)) for p in pids]
-            try:
-                await a.until(lambda: all(len(a.steps.get(p, [])) >= 2 for p in pids), 120, "two steps of each program")
-                on0, on1 = await placed(http, u, pids, e0)
-                # the framework reloads engine 0's weights itself, requests in flight or not
-                r = await http.post(e0 + "/update_weights_from_disk",
-                                    json={"model_path": str(engines.opts.model), "weight_version": "behind-1"})
-                assert r.status_code == 200 and r.json()["success"], r.text
-                updated = time.monotonic()
-                for _ in range(300):
-                    w = await worker(http, u, e0)
-                    if w["backends"][0]["weight_version"] == "behind-1":
-                        break
-                    await asyncio.sleep(0.1)
-                assert w["backends"][0]["weight_version"] == "behind-1", w
-                await a.until(lambda: all(a.stepped_since(p, updated) for p in pids), 120, "a step of each program after")
-                return on0, on1
-            finally:
-                a.stop.set()
-                await asyncio.gather(*tasks, return_exceptions=True)
-                for t in tasks:
-                    assert t.exception() is None, t.exception()
+    async def main(http: httpx.AsyncClient) -> tuple[list[str], list[str]]:
+        await a.until(lambda: all(len(a.steps.get(p, [])) >= 2 for p in pids), 120, "two steps of each program")
+        on0, on1 = await placed(http, u, pids, e0)
+        # the framework reloads engine 0's weights itself, requests in flight or not
+        r = await http.post(e0 + "/update_weights_from_disk",
+                            json={"model_path": str(engines.opts.model), "weight_version": "behind-1"})
+        assert r.status_code == 200 and r.json()["success"], r.text
+        updated = time.monotonic()
+        for _ in range(300):
+            w = await worker(http, u, e0)
+            if w["backends"][0]["weight_version"] == "behind-1":
+                break
+            await asyncio.sleep(0.1)
+        assert w["backends"][0]["weight_version"] == "behind-1", w
+        await a.until(lambda: all(a.stepped_since(p, updated) for p in pids), 120, "a step of each program after")
+        return on0, on1
 
-    on0, on1 = asyncio.run(main())
+    on0, on1 = asyncio.run(with_agents(a, pids, main))
     assert set(a.statuses) == {200}  # nothing lost
     resets = {p: httpx.get(f"{u}/programs/{p}", timeout=10).json()["kv_resets"] for p in on0 + on1}
     assert all(resets[p] == 1 for p in on0) and all(resets[p] == 0 for p in on1), resets
@@ -154,33 +160,25 @@ def test_a_cache_dropped_on_one_engine_behind_thunder_with_no_new_version_resets
     a = Agents(u)
     pids = [f"{how}{i}" for i in range(6)]
 
-    async def main() -> tuple[list[str], list[str]]:
-        async with httpx.AsyncClient(timeout=300) as http:
-            tasks = [asyncio.create_task(a.run(http, p)) for p in pids]
-            try:
-                await a.until(lambda: all(len(a.steps.get(p, [])) >= 3 for p in pids), 180, "three steps of each program")
-                on0, on1 = await placed(http, u, pids, e0)
-                assert len(on0) >= 2, f"one program on engine 0: nothing to see a drop with ({on0})"
-                assert metric(u, "thunder_kv_drops_seen_total") == 0  # steps that found their KV: no drop
-                version = (await worker(http, u, e0))["backends"][0]["weight_version"]
-                if how == "flush":  # SGLang flushes an idle engine only: it waits up to the timeout
-                    r = await http.post(e0 + "/flush_cache", params={"timeout": 60})
-                    assert r.status_code == 200, r.text
-                else:  # the same weights again, no version label: the version stays, the cache goes
-                    r = await http.post(e0 + "/update_weights_from_disk", json={"model_path": str(engines.opts.model)})
-                    assert r.status_code == 200 and r.json()["success"], r.text
-                dropped = time.monotonic()
-                await a.until(lambda: all(sum(at > dropped for at, _ in a.steps.get(p, [])) >= 2 for p in pids), 180,
-                              "two steps of each program after")
-                assert (await worker(http, u, e0))["backends"][0]["weight_version"] == version
-                return on0, on1
-            finally:
-                a.stop.set()
-                await asyncio.gather(*tasks, return_exceptions=True)
-                for t in tasks:
-                    assert t.exception() is None, t.exception()
+    async def main(http: httpx.AsyncClient) -> tuple[list[str], list[str]]:
+        await a.until(lambda: all(len(a.steps.get(p, [])) >= 3 for p in pids), 180, "three steps of each program")
+        on0, on1 = await placed(http, u, pids, e0)
+        assert len(on0) >= 2, f"one program on engine 0: nothing to see a drop with ({on0})"
+        assert metric(u, "thunder_kv_drops_seen_total") == 0  # steps that found their KV: no drop
+        version = (await worker(http, u, e0))["backends"][0]["weight_version"]
+        if how == "flush":  # SGLang flushes an idle engine only: it waits up to the timeout
+            r = await http.post(e0 + "/flush_cache", params={"timeout": 60})
+            assert r.status_code == 200, r.text
+        else:  # the same weights again, no version label: the version stays, the cache goes
+            r = await http.post(e0 + "/update_weights_from_disk", json={"model_path": str(engines.opts.model)})
+            assert r.status_code == 200 and r.json()["success"], r.text
+        dropped = time.monotonic()
+        await a.until(lambda: all(sum(at > dropped for at, _ in a.steps.get(p, [])) >= 2 for p in pids), 180,
+                      "two steps of each program after")
+        assert (await worker(http, u, e0))["backends"][0]["weight_version"] == version
+        return on0, on1
 
-    on0, on1 = asyncio.run(main())
+    on0, on1 = asyncio.run(with_agents(a, pids, main))
     assert set(a.statuses) == {200}  # nothing lost
     assert metric(u, "thunder_kv_drops_seen_total") == 1
     assert metric(u, "thunder_weight_changes_seen_total") == 0
@@ -199,62 +197,54 @@ def test_an_engine_paused_behind_thunder_holds_its_programs_until_it_continues(e
     pids = [f"{mode}-{i}" for i in range(4)]
     held_answers: list[httpx.Response] = []
 
-    async def main() -> tuple[list[str], list[str], list[str]]:
-        async with httpx.AsyncClient(timeout=300) as http:
-            tasks = [asyncio.create_task(a.run(http, p)) for p in pids]
-            try:
-                await a.until(lambda: all(len(a.steps.get(p, [])) >= 1 for p in pids), 120, "a step of each program")
-                on0, on1 = await placed(http, u, pids, e0)
-                idle: list[str] = []  # programs on engine 0 between steps: thunder holds their next request
-                for i in range(10):
-                    pid = f"{mode}-idle-{i}"
-                    assert (await http.post(u + "/v1/chat/completions", json=chat(pid, 0, 4))).status_code == 200
-                    if (await program(http, u, pid))["backend"] == e0:
-                        idle.append(pid)
-                    if len(idle) == 2:
-                        break
-                assert idle
+    async def main(http: httpx.AsyncClient) -> tuple[list[str], list[str], list[str]]:
+        await a.until(lambda: all(len(a.steps.get(p, [])) >= 1 for p in pids), 120, "a step of each program")
+        on0, on1 = await placed(http, u, pids, e0)
+        idle: list[str] = []  # programs on engine 0 between steps: thunder holds their next request
+        for i in range(10):
+            pid = f"{mode}-idle-{i}"
+            assert (await http.post(u + "/v1/chat/completions", json=chat(pid, 0, 4))).status_code == 200
+            if (await program(http, u, pid))["backend"] == e0:
+                idle.append(pid)
+            if len(idle) == 2:
+                break
+        assert idle
 
-                r = await http.post(e0 + "/pause_generation", json={"mode": mode})  # behind thunder's back
-                assert r.status_code == 200, r.text
-                for _ in range(300):
-                    w = await worker(http, u, e0)
-                    if w["paused"]:
-                        break
-                    await asyncio.sleep(0.1)
-                assert w["paused"] and w["pause"]["held"] and w["is_healthy"] and not w["routable"], w
-                held = [asyncio.create_task(http.post(u + "/v1/chat/completions", json=chat(p, 1, 4))) for p in idle]
-                new = await http.post(u + "/v1/chat/completions", json=chat(f"{mode}-new", 0, 4))
-                assert new.status_code == 200 and (await program(http, u, f"{mode}-new"))["backend"] != e0
-                settle = time.monotonic()
-                await asyncio.sleep(PAUSE_S)  # longer than thunder's held and upstream timeouts
-                assert not any(a.stepped_since(p, settle) for p in on0)
-                assert all(a.stepped_since(p, settle) for p in on1)  # the other engine works on
-                assert not any(t.done() for t in held)
-                for p in on0 + idle:  # kept on engine 0, the request held by thunder or frozen there
-                    d = await program(http, u, p)
-                    assert (d["state"], d["backend"], d["held_requests"] + d["in_flight"]) == ("active", e0, 1), d
-                for p in idle:
-                    assert (await program(http, u, p))["held_requests"] == 1
-                w = await worker(http, u, e0)
-                assert w["paused"] and w["is_healthy"] and w["pause"]["since_seconds"] >= PAUSE_S - 5, w
+        r = await http.post(e0 + "/pause_generation", json={"mode": mode})  # behind thunder's back
+        assert r.status_code == 200, r.text
+        for _ in range(300):
+            w = await worker(http, u, e0)
+            if w["paused"]:
+                break
+            await asyncio.sleep(0.1)
+        assert w["paused"] and w["pause"]["held"] and w["is_healthy"] and not w["routable"], w
+        held = [asyncio.create_task(http.post(u + "/v1/chat/completions", json=chat(p, 1, 4))) for p in idle]
+        new = await http.post(u + "/v1/chat/completions", json=chat(f"{mode}-new", 0, 4))
+        assert new.status_code == 200 and (await program(http, u, f"{mode}-new"))["backend"] != e0
+        settle = time.monotonic()
+        await asyncio.sleep(PAUSE_S)  # longer than thunder's held and upstream timeouts
+        assert not any(a.stepped_since(p, settle) for p in on0)
+        assert all(a.stepped_since(p, settle) for p in on1)  # the other engine works on
+        assert not any(t.done() for t in held)
+        for p in on0 + idle:  # kept on engine 0, the request held by thunder or frozen there
+            d = await program(http, u, p)
+            assert (d["state"], d["backend"], d["held_requests"] + d["in_flight"]) == ("active", e0, 1), d
+        for p in idle:
+            assert (await program(http, u, p))["held_requests"] == 1
+        w = await worker(http, u, e0)
+        assert w["paused"] and w["is_healthy"] and w["pause"]["since_seconds"] >= PAUSE_S - 5, w
 
-                assert (await http.post(e0 + "/continue_generation", json={})).status_code == 200
-                resumed = time.monotonic()
-                for t in held:
-                    r = await t
-                    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4, r.text
-                    held_answers.append(r)
-                await a.until(lambda: all(a.stepped_since(p, resumed) for p in pids), 120, "a step of each program after")
-                assert not (await worker(http, u, e0))["paused"]
-                return on0, on1, idle
-            finally:
-                a.stop.set()
-                await asyncio.gather(*tasks, return_exceptions=True)
-                for t in tasks:
-                    assert t.exception() is None, t.exception()
+        assert (await http.post(e0 + "/continue_generation", json={})).status_code == 200
+        resumed = time.monotonic()
+        for t in held:
+            r = await t
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4, r.text
+            held_answers.append(r)
+        await a.until(lambda: all(a.stepped_since(p, resumed) for p in pids), 120, "a step of each program after")
+        assert not (await worker(http, u, e0))["paused"]
+        return on0, on1, idle
 
-    on0, on1, idle = asyncio.run(main())
+    on0, on1, idle = asyncio.run(with_agents(a, pids, main))
     assert set(a.statuses) == {200} and len(held_answers) == len(idle)
     if mode == "in_place":
         assert a.aborted == 0  # frozen, then finished where they stopped

@@ -29,6 +29,15 @@ def ticket(pid: str | None, tokens: int, chars_per_token: float = 4.0) -> Ticket
     return Ticket(program_id=pid, prompt_chars=int(tokens * chars_per_token))
 
 
+def inferred_step(c: Controller, now: float, pid: str = "inf-1") -> Ticket:
+    """One step of a program whose id was inferred (``Ticket.inferred``)."""
+    t = Ticket(pid, prompt_chars=400, inferred=True, conversation=b"h")
+    if c.submit(t, now) is None:
+        assert t in c.tick(now).dispatched
+    c.finish(t, now + 1, Usage(100, 10))
+    return t
+
+
 def step(c: Controller, pid: str, tokens: int, out: int, now: float) -> Ticket:
     """Submit, tick if held, and finish one request; returns the ticket."""
     t = ticket(pid, tokens)
@@ -196,20 +205,14 @@ def test_an_inferred_program_is_released_after_its_tool_derived_idle_timeout_and
     c = Controller(cfg)
     c.add_backend(Backend("http://w0", 0, Tiers(hbm_tokens=10_000)))
 
-    def inferred_step(now: float) -> None:
-        t = Ticket("inf-1", prompt_chars=400, inferred=True, conversation=b"h")
-        if c.submit(t, now) is None:
-            assert t in c.tick(now).dispatched
-        c.finish(t, now + 1, Usage(100, 10))
-
-    inferred_step(0.0)
-    inferred_step(31.0)  # a 30 s tool: the idle timeout becomes 120 s
+    inferred_step(c, 0.0)
+    inferred_step(c, 31.0)  # a 30 s tool: the idle timeout becomes 120 s
     step(c, "explicit", 100, 10, 0.0)
     p = c.programs.get("inf-1")
     assert p.inferred and p.max_tool_seconds == 30.0 and not c.programs.get("explicit").inferred
     assert c.tick(150.0).released == []
     assert [q.id for q in c.tick(153.5).released] == ["inf-1"]
-    inferred_step(200.0)  # the agent comes back after a long tool: the same id, a new program
+    inferred_step(c, 200.0)  # the agent comes back after a long tool: the same id, a new program
     assert c.programs.get("inf-1").steps == 1 and c.programs.get("explicit") is not None
 
 
@@ -345,14 +348,7 @@ def test_an_idle_inferred_program_goes_dormant_gives_back_its_place_and_comes_ba
     c = Controller(cfg)
     c.add_backend(Backend("http://w0", 0, Tiers(hbm_tokens=100_000)))
 
-    def inferred_step(now: float) -> Ticket:
-        t = Ticket("inf-1", prompt_chars=400, inferred=True, conversation=b"h")
-        if c.submit(t, now) is None:
-            assert t in c.tick(now).dispatched
-        c.finish(t, now + 1, Usage(100, 10))
-        return t
-
-    inferred_step(0.0)
+    inferred_step(c, 0.0)
     step(c, "explicit", 100, 10, 0.0)
     p = c.programs.get("inf-1")
     assert c.tick(15.0).paused == [] and p.active  # nobody waits: 14 s idle is not yet enough

@@ -286,12 +286,7 @@ class Conversations:
             extra = text.encode()
         h = head.state.copy()
         h.update(extra)
-        rec = self._records.get(pid)
-        if rec is None:
-            rec = self._records[pid] = _Record()
-        else:
-            self._records.move_to_end(pid)
-        rec.last = now
+        rec = self._touch(pid, now)
         for key, length, is_head in ((h.digest(), head.length + len(extra), False),
                                      (head.state.digest(), head.length, True)):
             entry = (key, length, is_head)
@@ -325,17 +320,22 @@ class Conversations:
         """The answer to ``pid``'s request (whose chain ended at ``head``) was relayed: index
         the expectation it makes, and the head (rule 3)."""
         h = chain([{**answer, "role": "assistant"}], head)[0]
+        rec = self._touch(pid, now)
+        for mine, index, key in ((rec.expectations, self._index, h), (rec.heads, self._heads, head)):
+            if key and key not in mine:
+                mine.append(key)
+                index.setdefault(key, set()).add(pid)
+        self.expire(now)
+
+    def _touch(self, pid: str, now: float) -> _Record:
+        """``pid``'s record, made if new, as the most recently used."""
         rec = self._records.get(pid)
         if rec is None:
             rec = self._records[pid] = _Record()
         else:
             self._records.move_to_end(pid)
         rec.last = now
-        for mine, index, key in ((rec.expectations, self._index, h), (rec.heads, self._heads, head)):
-            if key and key not in mine:
-                mine.append(key)
-                index.setdefault(key, set()).add(pid)
-        self.expire(now)
+        return rec
 
     def forget(self, pid: str) -> None:
         rec = self._records.pop(pid, None)

@@ -1,3 +1,13 @@
+"""The DES sweeps of the dormant rule behind ../README.md: thunder with ids and thunder-inferred
+under variants of ``ProgramsConfig``, 900 s after 600 s. ``python sweep.py SET PART`` runs one
+set's cells ``PART::2`` (two processes for two cores) and appends rows to ``SET.jsonl`` here.
+
+The sets ran against the code of their moment (the rows are what that code measured): ``1``
+ranked candidates by idle time; ``2`` also used ``inferred_pause_own_factor`` (a threshold from
+the program's own longest tool, since removed, so set 2 no longer runs); ``3`` and later rank
+by idle ÷ longest tool as the code now does (``3.jsonl`` stops before its last row); ``s4`` and
+``s5`` ran the final code (``s5``: seeds 2 and 3)."""
+
 import json
 import sys
 import time
@@ -5,20 +15,47 @@ import time
 from thunder_sgl.benchmark.des.run import run_des
 from thunder_sgl.config import ProgramsConfig, RouterConfig
 
-cells = {"a": [("glm46-fp8-h100x8", 2, "mini-swe-agent", 140), ("glm46-fp8-h100x8", 2, "mini-swe-agent", 280)],
-         "b": [("sglang-cpu-gpt2-small-t1", 1, "cpu-agent", 16), ("sglang-cpu-gpt2-small-t1", 1, "cpu-agent", 32)]}[sys.argv[1]]
-variants = {"off": dict(inferred_pause_min_seconds=1e5), "q0.9": {}, "q0.99": dict(inferred_pause_quantile=0.99),
-            "q1.0": dict(inferred_pause_quantile=1.0), "q0.99min5": dict(inferred_pause_quantile=0.99, inferred_pause_min_seconds=5.0)}
-out = open(f"/tmp/dormsweep/{sys.argv[1]}.jsonl", "a")
-for cl, nodes, prof, n in cells:
-    for router, vs in (("thunder", {"explicit": {}}), ("thunder-inferred", variants)):
-        for name, kw in vs.items():
-            t = time.time()
-            r = run_des(cl, nodes, router, prof, n, 900, warmup_s=600, seed=1,
-                        router_config=RouterConfig(programs=ProgramsConfig(**kw)))
-            row = dict(cell=f"{prof}-{n}", router=router, variant=name, spm=round(r.steps_per_min, 1),
-                       hit=round(r.kv_hit_rate, 3), wall=round(time.time() - t, 1),
-                       dormant=[x for x in r.notes.split() if x.startswith("dormant=")])
-            print(json.dumps(row), flush=True)
-            out.write(json.dumps(row) + "\n")
-            out.flush()
+MINI = [("glm46-fp8-h100x8", 2, "mini-swe-agent", 140), ("glm46-fp8-h100x8", 2, "mini-swe-agent", 280)]
+CPU = [("sglang-cpu-gpt2-small-t1", 1, "cpu-agent", n) for n in (16, 32, 8)]
+EXPLICIT = ("thunder", "explicit", {})
+SETS = {
+    "1": (MINI + CPU[:2], (1,), [EXPLICIT] + [("thunder-inferred", k, v) for k, v in {
+        "off": dict(inferred_pause_min_seconds=1e5), "q0.9": {}, "q0.99": dict(inferred_pause_quantile=0.99),
+        "q1.0": dict(inferred_pause_quantile=1.0),
+        "q0.99min5": dict(inferred_pause_quantile=0.99, inferred_pause_min_seconds=5.0)}.items()]),
+    "2": (MINI + CPU, (1,), [EXPLICIT] + [("thunder-inferred", k, v) for k, v in {
+        "own1.5": dict(inferred_pause_quantile=0, inferred_pause_own_factor=1.5),
+        "own2": dict(inferred_pause_quantile=0, inferred_pause_own_factor=2.0),
+        "own1.5q0.9": dict(inferred_pause_quantile=0.9, inferred_pause_own_factor=1.5),
+        "own2q0.9": dict(inferred_pause_quantile=0.9, inferred_pause_own_factor=2.0),
+        "own1.5q0.9idle2": dict(inferred_pause_quantile=0.9, inferred_pause_own_factor=1.5, inferred_idle_tool_factor=2.0),
+        "q0.99idle2": dict(inferred_pause_quantile=0.99, inferred_idle_tool_factor=2.0)}.items()]),
+    "3": (MINI + CPU, (1,), [EXPLICIT] + [("thunder-inferred", k, v) for k, v in {
+        "r-q0.9": dict(inferred_pause_quantile=0.9),
+        "r-own1q0.9": dict(inferred_pause_quantile=0.9, inferred_pause_own_factor=1.0),
+        "r-own1.5q0.9": dict(inferred_pause_quantile=0.9, inferred_pause_own_factor=1.5),
+        "r-q0.99": dict(inferred_pause_quantile=0.99),
+        "r-own1q0.99": dict(inferred_pause_quantile=0.99, inferred_pause_own_factor=1.0)}.items()]),
+    "s4": (MINI + CPU, (1,), [("thunder-inferred", k, v) for k, v in {
+        "q0.95": dict(inferred_pause_quantile=0.95), "q0.98": dict(inferred_pause_quantile=0.98),
+        "q0.99min5": dict(inferred_pause_quantile=0.99, inferred_pause_min_seconds=5.0)}.items()]),
+    "s5": (MINI + CPU, (2, 3), [EXPLICIT, ("thunder-inferred", "q0.98", dict(inferred_pause_quantile=0.98)),
+                                ("thunder-inferred", "q0.99", dict(inferred_pause_quantile=0.99))]),
+}
+
+if __name__ == "__main__":
+    name, part = sys.argv[1], int(sys.argv[2])
+    cells, seeds, variants = SETS[name]
+    with open(f"{name}.jsonl", "a") as out:
+        for seed in seeds:
+            for cl, nodes, prof, n in cells[part::2]:
+                for router, variant, kw in variants:
+                    t = time.time()
+                    r = run_des(cl, nodes, router, prof, n, 900, warmup_s=600, seed=seed,
+                                router_config=RouterConfig(programs=ProgramsConfig(**kw)))
+                    row = dict(cell=f"{prof}-{n}", seed=seed, router=router, variant=variant,
+                               spm=round(r.steps_per_min, 1), hit=round(r.kv_hit_rate, 3),
+                               wall=round(time.time() - t, 1),
+                               dormant=[x for x in r.notes.split() if x.startswith("dormant=")])
+                    print(json.dumps(row), flush=True)
+                    out.write(json.dumps(row) + "\n")
