@@ -37,9 +37,10 @@ KV, so evidence has to tell the two apart:
   resets the KV accounting of every rank of that worker (``Controller.reset_kv``), as for a new
   weight version, and counts it (``thunder_kv_drops_seen_total``).
 
-The rule would rather miss a drop than invent one: it misses where these do not hold (the first program back was paused
-meanwhile, the engine was never idle at the router); the monitor's weight version stays the
-signal for reloads that name one. ``confirm`` 0 turns the rule off.
+The rule would rather miss a drop than invent one: it misses where these do not hold (the
+first program back was paused meanwhile, the engine was never idle at the router); the
+monitor's weight version stays the signal for reloads that name one. ``confirm`` 0 turns the
+rule off.
 
 Pure bookkeeping: the controller feeds it each finished step (``step``).
 """
