@@ -192,7 +192,7 @@ class Controller:
         (``Backend.weights_pending``) comes back when it reports the version expected.
         Returns the programs sent back to the queue."""
         old = b.weight_version
-        ranks = [x for x in self.backends.values() if x.worker_url == b.worker_url]
+        ranks = self._ranks(b)
         pending = b.weights_pending
         if pending is not None and pending.met_by(version):  # a failed update's worker caught up
             for x in ranks:
@@ -211,6 +211,10 @@ class Controller:
                     b.key, version, old)
         return self.reset_kv([x.key for x in ranks], now)
 
+    def _ranks(self, b: Backend) -> list[Backend]:
+        """Every backend (DP rank) of ``b``'s worker: an engine drops or reloads them together."""
+        return [x for x in self.backends.values() if x.worker_url == b.worker_url]
+
     def _watch_kv(self, b: Backend, p: Program, usage: Usage, idle_at: float, now: float) -> None:
         """``control.kvdrop``: did this step find its KV gone from an engine that went idle
         since its last step, as another program's did before it, the first with nothing of
@@ -222,12 +226,11 @@ class Controller:
                     and p.id not in self.kvrefs.unref)
         if not self.kvdrop.step(b.key, p.id, eligible, p.last_step_prompt, usage.cached_tokens, p.shared_prefix_tokens):
             return
-        ranks = [x.key for x in self.backends.values() if x.worker_url == b.worker_url]
         self.stats.kv_drops_seen += 1
         log.warning("worker %s: %d programs in a row found their KV gone after the engine was idle, the first without "
                     "its shared prefix, no new weight version: its cache was dropped behind the router (a flush, a "
                     "reload); its KV accounting is reset", b.worker_url, self.kvdrop.confirm)
-        self.reset_kv(ranks, now)
+        self.reset_kv([x.key for x in self._ranks(b)], now)
 
     def _measure(self, b: Backend, p: Program, t: Ticket, usage: Usage, now: float) -> None:
         """What the admission rule reads of this step (``Backend.served``): its tokens, the part
@@ -329,9 +332,7 @@ class Controller:
         out = self.finish(t, now, None)
         p = t.program
         if p is not None and self.programs.get(p.id) is p and p.active and not p.in_flight:
-            self.programs.pause(p, now)
-            self.stats.pauses += 1
-            self.kvrefs.left(p)
+            self._pause(p, now)
         t.backend = t.dispatched_at = t.session_id = None
         self._kick = True
         return out
@@ -641,12 +642,17 @@ class Controller:
         maybe.sort(key=lambda x: -x[0])
         out = forced + [p for _, p in maybe[:max(0, waiting)]]
         for p in out:
-            self.programs.pause(p, now)
-            self.kvrefs.left(p)
+            self._pause(p, now)
             p.dormant = True
-        self.stats.pauses += len(out)
         self.stats.dormant += len(out)
         return out
+
+    def _pause(self, p: Program, now: float) -> None:
+        """Pause ``p`` outside the policy's decisions (a failover, a dormant program): counted,
+        its KV reference dropped."""
+        self.programs.pause(p, now)
+        self.stats.pauses += 1
+        self.kvrefs.left(p)
 
     def _release_idle(self, now: float) -> list[Program]:
         pc = self.cfg.programs

@@ -217,25 +217,10 @@ class Conversations:
         head = hs[-1] if hs else b""
         last = len(hs) - 1
         for i in range(last, -1, -1):
-            h = hs[i]
-            owners = self._index.get(h)
-            if i < last:
-                also = self._heads.get(h)
-                if also:
-                    owners = also if not owners else owners | also
-            if not owners:
-                continue
-            if len(owners) > 1:
-                self.counts["ambiguous"] += 1
-                return Match("ambiguous", None, head)
-            pid = next(iter(owners))
-            rec = self._records[pid]
-            rec.last = now
-            self._records.move_to_end(pid)
-            self.counts["matched"] += 1
-            return Match("matched", pid, head)
-        self.counts["new"] += 1
-        return Match("new", self.prefix + os.urandom(8).hex(), head)
+            owners = self._owners(hs[i], i < last)
+            if owners:
+                return self._decide(owners, head, now)
+        return self._decide(None, head, now)
 
     def match_prompt(self, prompt: bytes, tokens: bool, now: float) -> tuple[Match, PromptHead]:
         """The program of a request with this prompt (rule 6), counted as ``match`` counts;
@@ -247,28 +232,34 @@ class Conversations:
         for length in lengths[:bisect.bisect_right(lengths, n)]:
             h.update(view[pos:length])
             pos = length
-            d = h.copy().digest()
-            found = self._index.get(d)
-            if length < n:
-                also = self._heads.get(d)
-                if also:
-                    found = also if not found else found | also
+            found = self._owners(h.copy().digest(), length < n)
             if found:
                 owners = found  # longer wins
         h.update(view[pos:])
-        head = PromptHead(h, n, tokens)
-        if owners is None:
+        return self._decide(owners, b"", now), PromptHead(h, n, tokens)
+
+    def _owners(self, key: bytes, heads: bool) -> set[str] | None:
+        """The programs whose expectation is ``key`` and, with ``heads``, whose head is (rule 4:
+        a head matches only a request that adds to it)."""
+        owners = self._index.get(key)
+        if heads:
+            also = self._heads.get(key)
+            if also:
+                owners = also if not owners else owners | also
+        return owners
+
+    def _decide(self, owners: set[str] | None, head: bytes, now: float) -> Match:
+        """The match of rule 4 from the owners of the longest prefix that has any, counted."""
+        if not owners:
             self.counts["new"] += 1
-            return Match("new", self.prefix + os.urandom(8).hex(), b""), head
+            return Match("new", self.prefix + os.urandom(8).hex(), head)
         if len(owners) > 1:
             self.counts["ambiguous"] += 1
-            return Match("ambiguous", None, b""), head
+            return Match("ambiguous", None, head)
         pid = next(iter(owners))
-        rec = self._records[pid]
-        rec.last = now
-        self._records.move_to_end(pid)
+        self._touch(pid, now)
         self.counts["matched"] += 1
-        return Match("matched", pid, b""), head
+        return Match("matched", pid, head)
 
     def answered_prompt(self, pid: str, head: PromptHead, answer: dict[str, Any], now: float) -> None:
         """The answer to ``pid``'s prompt request was relayed (``answer_of``): index the

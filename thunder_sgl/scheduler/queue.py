@@ -3,11 +3,11 @@
 Order (best first): ``since − head start``, then fewer tokens, then id — ascending, so it is
 the same order as descending aging score ``waited + head start``. The head start is the
 restore class: a paused program with a held request (``held_bonus_seconds``) before an idle
-paused program (``idle_bonus_seconds``) before a new program (0). A new program with no request
-(known by its sandbox only) and a dormant one (``Program.dormant``) wait for a request. A group member adds
-``group_bonus_seconds × done share`` (``groups``: the share of its group's members already
-finished), so the group ages as its members finish: a training step waits for the group's last
-member, and that member goes before newer work. Aging makes every wait bounded: a program that
+paused program (``idle_bonus_seconds``) before a new program (0). A new program with no
+request (known by its sandbox only) and a dormant one (``Program.dormant``) wait for a request.
+A group member adds ``group_bonus_seconds × done share`` (``groups``: the share of its group's
+members already finished), so the group ages as its members finish: a training step waits for
+the group's last member, and that member goes before newer work. Aging makes every wait bounded: a program that
 has waited longer than anyone's head start ranks first whatever its class.
 
 A program that has waited ``reserve_after_seconds`` and fits nowhere *reserves*: nothing behind
