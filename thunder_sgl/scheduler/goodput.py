@@ -47,7 +47,7 @@ the global queue's) needs beyond what fits, at most ``max_overcommit·pool``; so
 programs of the mean weighted demand. Each level is predicted with every program
 within ``λ_max·pool`` protected, and (on backends with references) with none protected; the
 best wins. Leaving level 0, or the model's current choice, needs a predicted gain of
-``min_gain``, and a new choice must hold a whole program cycle (tool + request, at least
+``min_gain`` (returning to level 0 a gain below ``min_gain/2``: a band), and a new choice must hold a whole program cycle (tool + request, at least
 ``MODEL_HOLD`` periods) running before the model takes it: a level acts only once its programs
 have cycled, and a preference that swings faster moved the level back and forth, each move
 paying the restores of the programs it admitted (ToolOrchestra DES: level 0 → the top level →
@@ -71,7 +71,10 @@ rate beats the window before it by more than the noise — a log ratio above
 that start, end and swing together make counts vary far more than Poisson's φ = 1), so a
 decision needs evidence (hysteresis) — the bias moves one level that way, bounded by
 ``±max_bias``; otherwise the level returns. A prediction that is wrong is
-corrected by the bias: probes down that win walk it down one measurable step at a time. With
+corrected by the bias: probes down that win walk it down one measurable step at a time. A
+negative bias expires a level at a time when no probe has moved it for ``MAX_BACKOFF`` probe
+intervals (from below the model's choice a probe up may be unmeasurable or barred, so a verdict
+won in a transient would stand for good; where it was right, the next probe down restores it). With
 ``reference_probes`` every other probe down from above level 1 goes straight to level 0, the
 fixed watermarks, measured beside the window just before it; when the watermarks win — the
 predicted gain is not there — the choice falls back to level 0 and is capped there (each probe
@@ -111,10 +114,11 @@ from thunder_sgl.config import AdmissionConfig, SchedulerConfig
 
 _MOMENTS = 5  # n, Σb, Σt (s), Σb², Σb·t (s)
 MAX_BACKOFF = 16
+"""A lost probe doubles the wait before the next in its direction, up to this many times; a
+fallback's cap and a negative bias expire after this many probe intervals."""
 MODEL_HOLD = 2
 """Fewest periods running a new preference of the model must hold before the model's choice
 follows it (and a whole program cycle, tool + request, when that is longer)."""
-"""A lost probe doubles the wait before the next in its direction, up to this many times."""
 
 
 # ---- 1. the engine, fitted ------------------------------------------------------------------
@@ -331,13 +335,13 @@ class AdmissionState:
     level: int = 0
     model_level: int = 0
     model_next: int = 0
+    """The model's preference last period: ``model_level`` follows a preference held a program
+    cycle (at least ``MODEL_HOLD`` periods)."""
     model_streak: int = 0
     """Periods running the model has preferred ``model_next``."""
     smoothed: tuple[float, ...] = ()
     """Each level's predicted steps/s, smoothed over periods (EMA, ``cost_ema_alpha``): one
     period's inputs (the tool times and the steps that ended in it) swing the prediction."""
-    """The model's preference last period: ``model_level`` follows a preference held a program
-    cycle (at least ``MODEL_HOLD`` periods)."""
     bias: int = 0
     """Levels that measurement moved the choice away from the model's (bounded by ``max_bias``)."""
     ceiling: int = 1 << 30
@@ -345,6 +349,9 @@ class AdmissionState:
     bound), raised by each probe up that wins beyond it."""
     ceiling_at: float = 0.0
     """When the cap was set (it expires after ``MAX_BACKOFF × probe_every_periods`` periods)."""
+    bias_at: float = 0.0
+    """When the bias last moved: a negative bias expires one level at a time, each
+    ``MAX_BACKOFF × probe_every_periods`` periods without a probe that moves it (``_expire``)."""
     predicted: float = 0.0
     """Steps/s the model predicts at ``level``."""
     predicted_fixed: float = 0.0
@@ -571,6 +578,9 @@ def update(state: AdmissionState | None, b: Backend, v: BackendView, now: float,
         _write(st, since_probe=st.since_probe + 1)
     if st.ceiling < 1 << 30 and now - st.ceiling_at > MAX_BACKOFF * ac.probe_every_periods * cfg.tick_seconds:
         _write(st, ceiling=1 << 30)
+    if st.bias < 0 and not st.probe and not st.confirm \
+            and now - st.bias_at > MAX_BACKOFF * ac.probe_every_periods * cfg.tick_seconds:
+        _expire(st, now)
     if st.confirm and st.probe == 0 and st.win_steps >= ac.probe_min_steps \
             and st.win_s >= ac.probe_periods * cfg.tick_seconds:
         _confirm(st, ac)
@@ -585,6 +595,20 @@ def update(state: AdmissionState | None, b: Backend, v: BackendView, now: float,
     return st
 
 
+def _expire(st: AdmissionState, now: float) -> None:
+    """A negative bias moves one level back toward the model's choice once it has stood
+    ``MAX_BACKOFF`` probe intervals unmoved. It holds the level below the model's, and from
+    there it may never be tested again: a probe up to a level that admits too few more
+    programs for its window to tell is not made (``_probe_level``), and ``probe_up: idle`` bars
+    probes up while the engine is busy. So one probe down won in a start-up transient would
+    stand for the rest of a run (the CPU-engine DES cell ctx20-tool8-out16-x4, seed 1: a probe
+    down won at 300 s and held 16 of 20 programs to the end, 0.90 of direct; 0.98 with the
+    expiry). Where the bias was right, the next probe down wins again and restores it. A
+    positive bias needs no expiry: a fresh window confirmed it (``_confirm``), and probes down
+    always run from above it."""
+    _write(st, bias=st.bias + 1, bias_at=now)
+
+
 def _confirm(st: AdmissionState, ac: AdmissionConfig) -> None:
     """A probe up that won is kept only if a whole window at its level, measured afresh after
     a settling period, beats the rate before the probe: a probe up is measured while the
@@ -594,7 +618,8 @@ def _confirm(st: AdmissionState, ac: AdmissionConfig) -> None:
     if st.measured > st.confirm_rate:
         _write(st, confirm=False, up_wait=1)
     else:
-        _write(st, confirm=False, bias=max(st.bias - 1, -ac.max_bias), up_wait=min(MAX_BACKOFF, st.up_wait * 2))
+        _write(st, confirm=False, bias=max(st.bias - 1, -ac.max_bias), bias_at=st.at or 0.0,
+               up_wait=min(MAX_BACKOFF, st.up_wait * 2))
 
 
 def _engine(dec: DecodeFit, pre: PrefillFit, prev: Engine | None) -> Engine | None:
@@ -679,9 +704,19 @@ def level_shares(levels: int) -> tuple[float, ...]:
 def _best(rates: list[float], min_gain: float, current: int) -> int:
     """The level with the highest predicted rate (``rates``, by level), with hysteresis: leaving
     level 0, or the current choice, needs a predicted gain of ``min_gain``; among levels within
-    it of the best, the lowest (fewer programs, less at risk)."""
+    it of the best, the lowest (fewer programs, less at risk). Back to level 0 from a current
+    choice within ``min_gain`` of the best only once that choice's gain over level 0 falls
+    below ``min_gain/2``: a band, not one threshold both ways (with one, a smoothed gain
+    hovering near ``min_gain`` flipped the choice between level 0 and the top level every few
+    minutes on an engine with idle time, each flip pausing the programs the top level ran —
+    the CPU-engine DES cell ctx05-tool8-out16-x2: 0.969 of direct, 0.979 with the band)."""
     top = max(rates)
-    if top <= 0 or top <= rates[0] * (1.0 + min_gain):
+    if top <= 0:
+        return 0
+    if 0 < current < len(rates) and top <= rates[current] * (1.0 + min_gain) \
+            and rates[current] > rates[0] * (1.0 + min_gain / 2):
+        return current  # within the band: stay
+    if top <= rates[0] * (1.0 + min_gain):
         return 0
     if 0 <= current < len(rates) and top <= rates[current] * (1.0 + min_gain):
         return current
@@ -817,7 +852,8 @@ def _end_probe(st: AdmissionState, ac: AdmissionConfig, now: float, cycle: int) 
                down_wait=1, up_wait=min(MAX_BACKOFF, st.up_wait * 2))
     elif won:  # one level the probe's way (a lucky window must not carry the bias far)
         moved = 1 if st.level > st.probe_from else -1
-        _write(st, bias=min(max(st.bias + moved, -ac.max_bias), ac.max_bias), probes_won=st.probes_won + 1)
+        _write(st, bias=min(max(st.bias + moved, -ac.max_bias), ac.max_bias), probes_won=st.probes_won + 1,
+               bias_at=now)
         if d > 0 and st.level > st.ceiling:
             _write(st, ceiling=st.level)
         if d > 0:  # kept once a fresh window at this level confirms it (``_confirm``)

@@ -391,3 +391,45 @@ def test_the_model_takes_a_new_choice_only_after_it_held_a_program_cycle():
     changes = [h for a, h in zip(hist, hist[1:], strict=False) if h.model_level != a.model_level]
     assert changes, "the CPU-like engine admits more than fits"
     assert all(h.model_streak >= cycle for h in changes)
+
+
+def test_the_choice_leaves_level_0_at_min_gain_and_returns_only_below_half_of_it():
+    """A band, not one threshold both ways: a smoothed gain hovering near ``min_gain`` must not
+    flip the choice between level 0 and a high level every few periods."""
+    from thunder_sgl.scheduler.goodput import _best
+
+    g = AC.min_gain
+    near = [1.0, 1.0, 1.0 + 0.8 * g]  # the top level 0.8·min_gain above level 0
+    assert _best(near, g, 0) == 0  # not enough to leave level 0
+    assert _best(near, g, 2) == 2  # but enough to stay
+    below = [1.0, 1.0, 1.0 + 0.4 * g]
+    assert _best(below, g, 2) == 0  # under half of it: back to the watermarks
+    far = [1.0, 1.0, 1.0 + 2 * g]
+    assert _best(far, g, 0) == 2
+    assert _best([1.0, 1.0 + 2 * g, 1.0 + 4 * g], g, 1) == 2  # a better level beyond the band wins
+
+
+def test_a_negative_bias_expires_a_level_at_a_time_and_a_positive_one_stays():
+    """From below the model's choice a probe up may be unmeasurable or barred, so a probe down
+    won once (in a transient, say) must not hold the level down for good: without a probe
+    that moves it, a negative bias returns one level per ``MAX_BACKOFF`` probe intervals.
+    A positive bias was confirmed by a fresh window and stays."""
+    from thunder_sgl.scheduler.goodput import MAX_BACKOFF
+
+    expiry = MAX_BACKOFF * AC.probe_every_periods
+    for start, expect in ((-2, 0), (1, 1)):
+        syn = Synthetic(CPU, noise=False)
+        syn.run(30)
+        syn.st = dataclasses.replace(syn.st, bias=start, bias_at=syn.now)
+        t0 = syn.now
+        hist = [syn.period() for _ in range(2 * expiry + 20)]
+        biases = [h.bias for h in hist]
+        if start < 0:
+            # it stood a whole expiry interval, then moved up one level at a time
+            assert biases[expiry - 2] == start
+            assert biases[-1] == expect
+            moves = [(a, h) for a, h in zip(hist, hist[1:], strict=False) if h.bias != a.bias]
+            assert all(h.bias == a.bias + 1 and h.bias_at - t0 > expiry * CFG.tick_seconds - 1e-9 for a, h in moves)
+        else:
+            assert hist[-1].probes_won == hist[0].probes_won  # no probe moved it (the truth is the model)
+            assert set(biases) == {start}
