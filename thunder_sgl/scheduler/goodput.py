@@ -47,8 +47,9 @@ the global queue's) needs beyond what fits, at most ``max_overcommit·pool``; so
 programs of the mean weighted demand. Each level is predicted with every program
 within ``λ_max·pool`` protected, and (on backends with references) with none protected; the
 best wins. Leaving level 0, or the model's current choice, needs a predicted gain of
-``min_gain`` (returning to level 0 a gain below ``min_gain/2``: a band), and a new choice must hold a whole program cycle (tool + request, at least
-``MODEL_HOLD`` periods) running before the model takes it: a level acts only once its programs
+``min_gain`` (returning to level 0, a gain below ``min_gain/2``: a band), and a new choice
+must hold a whole program cycle (tool + request, at least ``MODEL_HOLD`` periods) running
+before the model takes it: a level acts only once its programs
 have cycled, and a preference that swings faster moved the level back and forth, each move
 paying the restores of the programs it admitted (ToolOrchestra DES: level 0 → the top level →
 level 0 within a minute, several times a run). The
@@ -350,8 +351,9 @@ class AdmissionState:
     ceiling_at: float = 0.0
     """When the cap was set (it expires after ``MAX_BACKOFF × probe_every_periods`` periods)."""
     bias_at: float = 0.0
-    """When the bias last moved: a negative bias expires one level at a time, each
-    ``MAX_BACKOFF × probe_every_periods`` periods without a probe that moves it (``_expire``)."""
+    """When a probe last moved the bias, or won against it at its bound: a negative bias expires
+    one level at a time, each ``MAX_BACKOFF × probe_every_periods`` periods without one
+    (``_expire``)."""
     predicted: float = 0.0
     """Steps/s the model predicts at ``level``."""
     predicted_fixed: float = 0.0
@@ -849,7 +851,7 @@ def _end_probe(st: AdmissionState, ac: AdmissionConfig, now: float, cycle: int) 
                up_wait=min(MAX_BACKOFF, st.up_wait * 2))
     elif won and d < 0 and st.bias <= -ac.max_bias:
         _write(st, ceiling=st.level, ceiling_at=now, fallbacks=st.fallbacks + 1, probes_won=st.probes_won + 1,
-               down_wait=1, up_wait=min(MAX_BACKOFF, st.up_wait * 2))
+               down_wait=1, up_wait=min(MAX_BACKOFF, st.up_wait * 2), bias_at=now)
     elif won:  # one level the probe's way (a lucky window must not carry the bias far)
         moved = 1 if st.level > st.probe_from else -1
         _write(st, bias=min(max(st.bias + moved, -ac.max_bias), ac.max_bias), probes_won=st.probes_won + 1,
