@@ -578,14 +578,14 @@ def update(state: AdmissionState | None, b: Backend, v: BackendView, now: float,
             _end_probe(st, ac, now, cycle)
     else:
         _write(st, since_probe=st.since_probe + 1)
-    if st.ceiling < 1 << 30 and now - st.ceiling_at > MAX_BACKOFF * ac.probe_every_periods * cfg.tick_seconds:
+    expiry = MAX_BACKOFF * ac.probe_every_periods * cfg.tick_seconds
+    if st.ceiling < 1 << 30 and now - st.ceiling_at > expiry:
         _write(st, ceiling=1 << 30)
-    if st.bias < 0 and not st.probe and not st.confirm \
-            and now - st.bias_at > MAX_BACKOFF * ac.probe_every_periods * cfg.tick_seconds:
+    if st.bias < 0 and not st.probe and not st.confirm and now - st.bias_at > expiry:
         _expire(st, now)
     if st.confirm and st.probe == 0 and st.win_steps >= ac.probe_min_steps \
             and st.win_s >= ac.probe_periods * cfg.tick_seconds:
-        _confirm(st, ac)
+        _confirm(st, ac, now)
     target = min(max(st.model_level + st.bias, 0), ac.levels, st.ceiling)
     if st.probe == 0 and target != st.level:
         _set_level(st, target)
@@ -611,7 +611,7 @@ def _expire(st: AdmissionState, now: float) -> None:
     _write(st, bias=st.bias + 1, bias_at=now)
 
 
-def _confirm(st: AdmissionState, ac: AdmissionConfig) -> None:
+def _confirm(st: AdmissionState, ac: AdmissionConfig, now: float) -> None:
     """A probe up that won is kept only if a whole window at its level, measured afresh after
     a settling period, beats the rate before the probe: a probe up is measured while the
     programs it admits send the requests they had waiting, a burst the level cannot keep up
@@ -620,7 +620,7 @@ def _confirm(st: AdmissionState, ac: AdmissionConfig) -> None:
     if st.measured > st.confirm_rate:
         _write(st, confirm=False, up_wait=1)
     else:
-        _write(st, confirm=False, bias=max(st.bias - 1, -ac.max_bias), bias_at=st.at or 0.0,
+        _write(st, confirm=False, bias=max(st.bias - 1, -ac.max_bias), bias_at=now,
                up_wait=min(MAX_BACKOFF, st.up_wait * 2))
 
 
