@@ -83,6 +83,10 @@ class BackendLoad:
     """Σ expected output per step of the accounted programs."""
     active: int = 0
     """Programs counted now (accounted + placed − removed in this tick)."""
+    max_active: int | None = None
+    """Most programs placements may bring the backend to (None: no bound). Set where the
+    admission rule admits beyond the watermarks on one of several backends: its share of the
+    programs there are (``ThunderScheduler._shares``)."""
     progs: list[Program] = field(default_factory=list)
     key_counts: dict[str, int] = field(default_factory=dict)
     key_shared: dict[str, int] = field(default_factory=dict)
@@ -249,16 +253,20 @@ class BackendLoad:
 
     # ---- room ----------------------------------------------------------------------------
     def accepting(self) -> bool:
-        """Below the low watermark (or empty): the backend takes restores this tick."""
-        return self.active == 0 or self.demand < self.limit_lo
+        """Below the low watermark and its share (or empty): the backend takes restores this tick."""
+        return self.active == 0 or (self.demand < self.limit_lo and not self.full())
 
     def room(self) -> float | None:
         """Free pool under the high watermark (infinite when empty); None when not accepting."""
         if self.active == 0:
             return float("inf")
-        if self.demand >= self.limit_lo:
+        if self.demand >= self.limit_lo or self.full():
             return None
         return self.limit_hi - self.demand
+
+    def full(self) -> bool:
+        """At its share of the programs (``max_active``): it takes no more this tick."""
+        return self.max_active is not None and self.active >= self.max_active
 
     def hbm_room(self) -> float:
         """The largest HBM need the gate accepts here (infinite when empty or nothing reasons)."""
@@ -270,7 +278,7 @@ class BackendLoad:
         accepts any program (otherwise an oversized one would wait forever)."""
         if self.active == 0:
             return True
-        if self.demand >= self.limit_lo or self.demand + self.adds(pc) > self.limit_hi:
+        if self.demand >= self.limit_lo or self.full() or self.demand + self.adds(pc) > self.limit_hi:
             return False
         if gate_hbm and pc.gated and not hbm_fits(self.reasoning, pc.hbm, self.hbm_limit):
             return False

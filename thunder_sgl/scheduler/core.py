@@ -33,6 +33,7 @@ No I/O and no clock reads: time and state come in, decisions go out, nothing is 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -130,6 +131,7 @@ class ThunderScheduler:
         if rule is None:
             return {}
         out: dict[str, AdmissionLevel] = {}
+        share = self._shares(now, loads, waiting)
         for key, ld in loads.items():
             b = ld.backend
             st = b.admission if isinstance(b.admission, rule.state) else None
@@ -137,20 +139,41 @@ class ThunderScheduler:
                 if st is not None:
                     out[key] = rule.rest(st)  # nothing to measure; the period restarts at the resume
                 continue
-            new = rule.update(st, b, self._view(ld, waiting), now, self.cfg)
+            supply = share.get(key, ld.active + waiting)
+            new = rule.update(st, b, self._view(ld, supply), now, self.cfg)
             if (new.extra != ld.extra or min(new.protect, ld.fit_limit) != ld.protect_limit
                     or ld.hbm_limit != hbm_limit(self.cfg, b, new.hbm_extra)):
                 ld.set_extra(self.cfg, new.extra, new.protect, new.hbm_extra)
+            if ld.extra > 0 and len(share) > 1:
+                ld.max_active = supply
             out[key] = new
         return out
 
-    def _view(self, ld: BackendLoad, waiting: int) -> BackendView:
+    def _shares(self, now: float, loads: dict[str, BackendLoad], waiting: int) -> dict[str, int]:
+        """Each open backend's supply: the programs that could run there — its share, by pool,
+        of every program there is to run (the open backends' active ones and the global
+        queue), or its own active programs where they are more.
+
+        Not its own programs plus the whole queue: a backend's top admission level admits its
+        supply, so with that supply the backend that held more programs had the larger limit,
+        the more room, and drew the next program too (DES, two engines, cell
+        ctx10-tool2-out16-x2: 32 programs on one engine and 9 on the other, both at the top
+        level, the second idle 40% of the time). With one backend the share is all of it."""
+        open_ = [ld for ld in loads.values()
+                 if ld.backend.available(now, self.stale_after) and not ld.backend.engine_paused]
+        pools = sum(ld.pool for ld in open_)
+        if not open_ or pools <= 0:
+            return {}
+        total = waiting + sum(ld.active for ld in open_)
+        return {ld.backend.key: max(ld.active, math.ceil(total * ld.pool / pools - EPS)) for ld in open_}
+
+    def _view(self, ld: BackendLoad, supply: int) -> BackendView:
         n = ld.active
         return BackendView(pool=ld.pool, fit_limit=ld.fit_limit, demand=ld.demand,
                            shared=float(sum(ld.key_shared.values())), active=n,
                            context=ld.private_tokens / n if n else 0.0,
                            output=ld.output / n if n else float(self.cfg.default_output_tokens),
-                           supply=n + waiting, limit_lo=ld.limit_lo, mean_tokens=ld.tokens / n if n else 0.0)
+                           supply=supply, limit_lo=ld.limit_lo, mean_tokens=ld.tokens / n if n else 0.0)
 
     @staticmethod
     def _overcommitted(loads: Iterable[BackendLoad]) -> frozenset[str]:

@@ -659,7 +659,12 @@ def _choices(v: BackendView, lp: Loop, e: Engine | None, ac: AdmissionConfig, le
     # the levels span what the programs there are need beyond what fits, up to max_overcommit,
     # spaced geometrically: fine just above the watermarks, where a GPU's cliff is, coarse far
     # above them
-    need = max(0.0, float(v.supply) * w - base) if v.supply else ac.max_overcommit * v.pool
+    # what they need counts each program whole (undecayed): counted at the decayed mean, the
+    # span followed the tool calls in progress, and with every program already running the top
+    # level sat just above the demand of the moment — programs back from their tools pushed the
+    # demand over it and were paused, to be restored a tick later (DES, two engines, cell
+    # ctx05-tool2-out16-x2: 113 pauses at the top level in 1,200 s)
+    need = max(0.0, float(v.supply) * max(w, v.context) - base) if v.supply else ac.max_overcommit * v.pool
     top = max(min(ac.max_overcommit * v.pool, need), w)
     extras = [top * share for share in level_shares(ac.levels)]
     # the top level admits everything there is with room to spare (demand swings as acting

@@ -433,3 +433,65 @@ def test_a_negative_bias_expires_a_level_at_a_time_and_a_positive_one_stays():
         else:
             assert hist[-1].probes_won == hist[0].probes_won  # no probe moved it (the truth is the model)
             assert set(biases) == {start}
+
+
+# ---- several backends ----------------------------------------------------------------------
+def _two_backends_over_the_watermarks(extra: float) -> tuple[ThunderScheduler, ProgramTable, Backend, Backend]:
+    """b0 runs 8 short programs, b1 two long ones; both held (frozen) at a level ``extra``
+    tokens above the watermarks. By free pool b0 has more room than b1."""
+    cfg = SchedulerConfig(default_output_tokens=1)
+    b0, b1 = backend("b0", 20_000), backend("b1", 20_000)
+    table = ProgramTable()
+    for i in range(8):
+        active(table, f"s{i}", b0, 500)
+    for i in range(2):
+        active(table, f"l{i}", b1, 9_000)
+    for b in (b0, b1):
+        b.admission = AdmissionState(extra=extra, at=math.inf, level=AC.levels)  # frozen: no update
+    for i in range(4):
+        new(table, f"n{i}", 300)
+    return ThunderScheduler(cfg), table, b0, b1
+
+
+def test_above_the_watermarks_each_backend_takes_its_share_of_the_programs():
+    """Admitted beyond the watermarks, a backend takes programs only up to its share (by pool)
+    of all the programs there are: with the free pool alone, the backend running more (short)
+    programs had the more room and drew every new one (DES, two engines, cell
+    ctx10-tool2-out16-x2: 32 programs on one engine, 9 on the other, the second idle 40% of
+    the time). 14 programs on two equal backends: 7 each."""
+    pol, table, b0, b1 = _two_backends_over_the_watermarks(extra=60_000.0)
+    d = pol.tick(1.0, table, [b0, b1])
+    assert sorted(pl.backend for pl in d.placements) == [b1.key] * 4
+    # at the fixed watermarks (no extra) the share does not bind: the free pool decides
+    pol, table, b0, b1 = _two_backends_over_the_watermarks(extra=0.0)
+    d = pol.tick(1.0, table, [b0, b1])
+    assert [pl.backend for pl in d.placements].count(b0.key) >= 1
+
+
+def test_the_rule_sees_its_backends_share_of_the_supply():
+    """The supply the rule plans for is the backend's share of every program there is (its
+    own if more); with one backend, all of them."""
+    cfg = SchedulerConfig(default_output_tokens=1)
+    pol = ThunderScheduler(cfg)
+    seen: dict[str, int] = {}
+    orig = pol._view
+
+    def spy(ld, supply):
+        seen[ld.backend.key] = supply
+        return orig(ld, supply)
+
+    pol._view = spy  # type: ignore[method-assign]
+    _, table, b0, b1 = _two_backends_over_the_watermarks(extra=0.0)
+    for b in (b0, b1):
+        b.admission = None
+    pol.tick(1.0, table, [b0, b1])
+    assert seen == {b0.key: 8, b1.key: 7}  # 14 programs: b0 keeps its 8, b1 may grow to 7
+    seen.clear()
+    table2 = ProgramTable()
+    solo = backend("solo", 20_000)
+    for i in range(3):
+        active(table2, f"a{i}", solo, 1_000)
+    for i in range(5):
+        new(table2, f"w{i}", 300)
+    pol.tick(1.0, table2, [solo])
+    assert seen == {solo.key: 8}
