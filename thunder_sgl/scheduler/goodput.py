@@ -42,9 +42,12 @@ KV is protected and all idle programs share the LRU.
 
 **3. The choice.** Levels ``j = 0…levels``: extra tokens ``E·(g^j − 1)/(g^levels − 1)`` above
 ``λ_max·pool`` (level 0 = the fixed watermarks; g = ``LEVEL_GROWTH``: fine steps just above
-the watermarks, coarse ones far above), ``E`` what every program there is to run (the backend's and
-the global queue's) needs beyond what fits, at most ``max_overcommit·pool``; so ``n_j``
-programs of the mean weighted demand. Each level is predicted with every program
+the watermarks, coarse ones far above), ``E`` what the backend's *supply* needs beyond what
+fits, each program counted whole, at most ``max_overcommit·pool``; so ``n_j`` programs of the
+mean weighted demand. The supply is the backend's share, by pool, of every program there is to
+run (the open backends' and the global queue's; its own where they are more,
+``ThunderScheduler._shares``): with one backend, all of them; on several, a backend admitted
+above the watermarks takes no program beyond its share (``BackendLoad.max_active``). Each level is predicted with every program
 within ``λ_max·pool`` protected, and (on backends with references) with none protected; the
 best wins. Leaving level 0, or the model's current choice, needs a predicted gain of
 ``min_gain`` (returning to level 0, a gain below ``min_gain/2``: a band), and a new choice
