@@ -4,6 +4,7 @@ One seed swings a run by ±5%, so the goal (≥ 0.90 of the bound) is read on th
 
     python bench/toolorchestra_seeds.py > bench/results/toolorchestra-rtx5090-des-8seeds-<tag>.txt
 """
+
 from concurrent.futures import ProcessPoolExecutor
 
 from thunder_sgl.benchmark.des.run import run_des
@@ -15,6 +16,8 @@ def one(a):
     r = run_des("qwen3-8b-rtx5090", 1, "thunder", load_profile("toolorchestra"), n, 7200, warmup_s=3600, seed=s)
     adm = [x for x in r.notes.split() if x.startswith("admission=")]
     return n, s, r.steps_per_min / r.ideal_steps_per_min, adm
+
+
 if __name__ == "__main__":
     jobs = [(n, s) for n in (24, 32, 48) for s in range(1, 9)]
     res = {}

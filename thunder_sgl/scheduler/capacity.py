@@ -85,8 +85,8 @@ class BackendLoad:
     """Programs counted now (accounted + placed − removed in this tick)."""
     max_active: int | None = None
     """Most programs placements may bring the backend to (None: no bound). Set where the
-    admission rule admits beyond the watermarks on one of several backends: its share of the
-    programs there are (``ThunderScheduler._shares``)."""
+    admission rule admits beyond the watermarks: its share of the programs there are
+    (``ThunderScheduler._shares``; with one backend, all of them, so it never binds)."""
     progs: list[Program] = field(default_factory=list)
     key_counts: dict[str, int] = field(default_factory=dict)
     key_shared: dict[str, int] = field(default_factory=dict)

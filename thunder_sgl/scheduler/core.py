@@ -144,7 +144,7 @@ class ThunderScheduler:
             if (new.extra != ld.extra or min(new.protect, ld.fit_limit) != ld.protect_limit
                     or ld.hbm_limit != hbm_limit(self.cfg, b, new.hbm_extra)):
                 ld.set_extra(self.cfg, new.extra, new.protect, new.hbm_extra)
-            if ld.extra > 0 and len(share) > 1:
+            if ld.extra > 0:  # above the watermarks: no more than its share (one backend: all)
                 ld.max_active = supply
             out[key] = new
         return out
