@@ -33,6 +33,7 @@ ADMISSION_GAUGES = (
     ("predicted_fixed_steps_per_s", "Steps/s the model predicts at the fixed watermarks"),
     ("measured_steps_per_s", "Steps/s measured at the chosen level (current window)"),
     ("fixed_measured_steps_per_s", "Steps/s last measured at the fixed watermarks"),
+    ("slack_s", "Seconds per program cycle the goodput model does not see (read while the engine idles)"),
     ("probes", "Admission probes started"),
     ("probes_won", "Admission probes whose level measured better"),
     ("fallbacks", "Falls back to the fixed watermarks after a measured loss"),

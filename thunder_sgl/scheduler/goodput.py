@@ -40,6 +40,24 @@ approximation over the measured tool-time distribution, ``_lru_survival``): with
 tools a small overcommit evicts only the long waits. Without session references no
 KV is protected and all idle programs share the LRU.
 
+The quadratic is a mean-value model: it takes the requests to arrive evenly. They do not (a
+restored context's prefill holds the steps behind it, programs come back from their tools
+together), and an engine that a few programs leave idle part of the time makes its requests
+wait longer than the model says. The measured loop says by how much: over the fit's
+half-life, the programs running (program-seconds per second) over the steps per second is
+the cycle; less the tool time and the model's request time at the measured rate, what is
+left is the *slack*, the seconds per cycle the model does not see (``_slack``). It is added to
+the tool time of every level's prediction: it costs a level that leaves the engine idle and
+vanishes at a level that saturates it (the closed loop's rate is then the engine's whatever
+the cycle). It is read only while the engine's counters show it idle (busy below
+``SLACK_BUSY``, averaged over the fit's half-life), and kept when the engine is busy: there a
+gap between model and measurement is the engine's, and read as cycle time it would make every
+level that idles look worse than it is (ToolOrchestra DES: the top level, 0.80 of the bound
+against 0.89). Never negative (a model that underrates a level is corrected by probes), at most
+the tool time. (CPU-engine DES, ctx20-tool2-out16-x6 at steady state: without it the model put
+the fixed watermarks 23% above what they ran, 4–5 programs and the engine 60% busy, 0.95 of
+request-level routing on one engine and 0.91 on two; with it, 1.02 on both.)
+
 **3. The choice.** Levels ``j = 0…levels``: extra tokens ``E·(g^j − 1)/(g^levels − 1)`` above
 ``λ_max·pool`` (level 0 = the fixed watermarks; g = ``LEVEL_GROWTH``: fine steps just above
 the watermarks, coarse ones far above), ``E`` what the backend's *supply* needs beyond what
@@ -120,6 +138,9 @@ _MOMENTS = 5  # n, Σb, Σt (s), Σb², Σb·t (s)
 MAX_BACKOFF = 16
 """A lost probe doubles the wait before the next in its direction, up to this many times; a
 fallback's cap and a negative bias expire after this many probe intervals."""
+SLACK_BUSY = 0.8
+"""The slack (module header, part 2) is read only while the engine is busy less than this share
+of the time (averaged over the fit's half-life); above it the last reading is kept."""
 MODEL_HOLD = 2
 """Fewest periods running a new preference of the model must hold before the model's choice
 follows it (and a whole program cycle, tool + request, when that is longer)."""
@@ -240,6 +261,8 @@ class Loop:
     tools: tuple[tuple[float, float], ...] = ()
     """The tool times' distribution: (seconds, share) points (``ToolTimes.points``); empty:
     every idle context equally likely to be evicted."""
+    slack: float = 0.0
+    """Seconds of each program cycle the model does not see (measured, ``_slack``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,7 +293,7 @@ def predict(n: float, k: float, e: Engine, lp: Loop, churn: float = 0.0) -> Pred
         t_pre = e.a + e.b * u
         alpha = t_pre + o * e.d1
         gamma = o * e.d0
-        batch = _in_flight(n, z, alpha, gamma, t_pre + o * (e.d0 + e.d1))
+        batch = _in_flight(n, z + lp.slack, alpha, gamma, t_pre + o * (e.d0 + e.d1))
         idle = n - batch
         idle_k = k * idle / n
         pinned = idle_k * c if lp.cache <= lp.hbm else max(0.0, idle_k * c - (lp.cache - lp.hbm))
@@ -314,6 +337,28 @@ def _lru_survival(share: float, tools: tuple[tuple[float, float], ...]) -> float
             hi = t
     t = (lo + hi) / 2
     return sum(w for z, w in tools if z < t) + 0.5 * sum(w for z, w in tools if z == t)
+
+
+def _slack(e: Engine, lp: Loop, loop: tuple[float, float, float], v: BackendView, churn: float) -> float:
+    """Seconds per program cycle the model does not see (module header, part 2): the measured
+    cycle of the programs running (``loop``: steps, seconds, program-seconds) less the tool time
+    and the request time the model gives at the measured rate; at least 0, at most the tool
+    time."""
+    steps, secs, prog_s = loop
+    if steps < 1.0 or secs <= 0.0:
+        return 0.0
+    x = steps / secs
+    n = prog_s / secs
+    c = max(lp.context, 1.0)
+    k = min(n, max(0.0, (v.fit_limit - v.shared) / c))
+    p = predict(n, k, e, lp, churn)
+    t_pre = e.a + e.b * p.uncached
+    o = max(lp.output, 1.0)
+    alpha, gamma = t_pre + o * e.d1, o * e.d0
+    if alpha * x >= 1.0:
+        return 0.0
+    r = max(gamma / (1.0 - alpha * x), t_pre + o * (e.d0 + e.d1))
+    return min(max(0.0, n / x - max(lp.tool_s, 0.0) - r), max(lp.tool_s, 0.0))
 
 
 def _in_flight(n: float, z: float, alpha: float, gamma: float, alone: float) -> float:
@@ -410,6 +455,11 @@ class AdmissionState:
     """Steps, prefill tokens and prefill seconds of the periods not yet in the prefill fit."""
     churn: float = 0.0
     """Tokens per step prefilled beyond the model's at the current level (program rotation)."""
+    loop: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """Steps, seconds and program-seconds running, discounted over the fit's half-life: the
+    measured closed loop that ``slack`` is read from."""
+    slack: float = 0.0
+    """Seconds per program cycle the model does not see (``_slack``)."""
     at: float | None = None
     snap: tuple[float, ...] = ()
     """Counters at ``at``: steps, prefill tokens, prefill s, new tokens, output tokens, moments."""
@@ -444,6 +494,7 @@ class AdmissionState:
             "probe": {0: "none", 1: "up", -1: "down"}[self.probe],
             "probes": self.probes, "probes_won": self.probes_won, "fallbacks": self.fallbacks,
             "level_changes": self.changes, "churn_tokens_per_step": round(self.churn, 1),
+            "slack_s": round(self.slack, 3),
             "engine": None if e is None else {"decode_fixed_s": e.d0, "decode_per_request_s": e.d1,
                                               "prefill_per_step_s": e.a, "prefill_per_token_s": e.b},
         }
@@ -558,6 +609,13 @@ def update(state: AdmissionState | None, b: Backend, v: BackendView, now: float,
               new_tokens=dnew / dsteps if dnew > 0 and dsteps > 0 else 0.1 * v.context,
               hbm=float(b.tiers.hbm_tokens), cache=v.pool, refs=b.session_refs and cfg.session_refs,
               tools=b.served.tool_hist.points())
+    ls, lt, la = st.loop
+    loop = (keep * ls + dsteps, keep * lt + dt, keep * la + v.active * dt)
+    _write(st, loop=loop)
+    if st.busy < SLACK_BUSY and engine is not None and loop[0] >= 2 * ac.probe_min_steps:
+        _write(st, slack=_slack(engine, lp, loop, v, st.churn))  # read only while the engine idles
+    slack = st.slack
+    lp = Loop(lp.tool_s, lp.context, lp.shared, lp.output, lp.new_tokens, lp.hbm, lp.cache, lp.refs, lp.tools, slack)
     choices, churn = _choices(v, lp, engine, ac, st.level, pre.tokens_per_step)
     # one program cycle (tool + request), in whole periods: what a probe up skips first
     cycle = max(1, math.ceil((b.served.tool_s + b.served.request_s) / cfg.tick_seconds))

@@ -18,12 +18,14 @@ from thunder_sgl.config import AdmissionConfig, SchedulerConfig
 from thunder_sgl.programs import ProgramTable
 from thunder_sgl.scheduler import ThunderScheduler
 from thunder_sgl.scheduler.goodput import (
+    SLACK_BUSY,
     AdmissionState,
     BackendView,
     DecodeFit,
     Engine,
     Loop,
     PrefillFit,
+    _slack,
     predict,
     update,
 )
@@ -56,12 +58,13 @@ class Synthetic:
     seconds from the engine ``e`` at that level's batch."""
 
     def __init__(self, truth: Engine, supply: int = 24, noise: bool = True, seed: int = 0,
-                 rate: object = None) -> None:
+                 rate: object = None, reports_busy: bool = False) -> None:
         self.truth, self.supply, self.noise = truth, supply, noise
         self.rng = random.Random(seed)
         self.rate = rate
         self.b = Backend("http://syn", 0, Tiers(hbm_tokens=POOL), session_refs=True)
         self.b.served.tool_s = 3.0
+        self.b.live.reports_busy = reports_busy  # else the rule reads the engine as always busy
         self.st: AdmissionState | None = None
         self.now = 0.0
         self.steps_f = 0.0
@@ -495,3 +498,41 @@ def test_the_rule_sees_its_backends_share_of_the_supply():
         new(table2, f"w{i}", 300)
     pol.tick(1.0, table2, [solo])
     assert seen == {solo.key: 8}
+
+
+def _view(n: int) -> BackendView:
+    return BackendView(pool=float(POOL), fit_limit=0.95 * POOL, demand=SHARED + n * CONTEXT, shared=SHARED,
+                       active=n, context=CONTEXT, output=16.0, supply=24)
+
+
+def test_the_slack_is_the_cycle_time_the_model_does_not_see():
+    lp, n, secs = loop(), 5, 600.0
+    x = predict(n, n, CPU, lp).rate
+    # the loop runs as the model says: nothing unseen
+    assert _slack(CPU, lp, (x * secs, secs, n * secs), _view(n), 0.0) == pytest.approx(0.0, abs=0.05)
+    # it runs 20% slower with the engine idle: the slack is the time each cycle lost, and the
+    # model with it predicts the rate measured
+    slow = 0.8 * x
+    d = _slack(CPU, lp, (slow * secs, secs, n * secs), _view(n), 0.0)
+    assert d > 0.3
+    seen = dataclasses.replace(lp, slack=d)
+    assert predict(n, n, CPU, seen).rate == pytest.approx(slow, rel=0.05)
+    # it costs a level whose engine idles more than one that keeps it saturated
+    many = 24
+    assert predict(many, 5.0, CPU, seen).rate / predict(many, 5.0, CPU, lp).rate > 0.95 > 0.8 + 0.05
+    # never more than the tool time, never negative
+    assert _slack(CPU, lp, (0.01 * x * secs, secs, n * secs), _view(n), 0.0) == pytest.approx(lp.tool_s)
+    assert _slack(CPU, lp, (2 * x * secs, secs, n * secs), _view(n), 0.0) == 0.0
+
+
+def test_the_slack_is_read_only_while_the_engine_idles():
+    """The same loop, 40% slower than the model says: read while the engine's counters show
+    it idle, not where the engine is busy (here: an engine that reports no busy time, which
+    the rule reads as always busy): there the gap is the engine's, not the loop's."""
+    def slow(level: int, r: float) -> float:
+        return 0.6 * r
+    idle = Synthetic(CPU, noise=False, rate=slow, reports_busy=True).run(120)
+    assert any(h.slack > 0.0 for h in idle)
+    assert all(h.slack == 0.0 for h in idle if h.loop[0] < 2 * AC.probe_min_steps)  # not before enough steps
+    busy = Synthetic(CPU, noise=False, rate=slow, reports_busy=False).run(120)
+    assert all(h.busy >= SLACK_BUSY and h.slack == 0.0 for h in busy)
