@@ -80,7 +80,15 @@ class AdmissionConfig:
     probe is compared with — a probe up costs the recompute
     of what it admits and then pauses (4% of a 25-minute DES run on 2 saturated GLM nodes) and
     can only pay where the engine has idle time to fill; ``on``: where the model predicts
-    ``min_gain`` there; ``off``: never. Probes down stay on."""
+    ``min_gain`` there; ``off``: never."""
+
+    probe_down_busy: float = 0.8
+    """goodput: probes of levels below the current one run only while the engine is busy at
+    least this share of the time, lately (averaged over the fit's half-life) or over the window
+    the probe is compared with (0: always). A probe down asks whether fewer programs relieve a
+    saturated engine; on one that idles it can only hold back programs the engine has room for
+    (the Mooncake trace replayed open-loop on two simulated CPU engines about 50% busy: probes
+    down to the watermarks queued up to 200 requests at the router)."""
 
     probe_up_busy: float = 0.9
     """goodput: the engine's busy share (prefill and decode iterations, from its counters)
@@ -124,6 +132,7 @@ class AdmissionConfig:
         _check(0 <= self.probe_margin < 1, "scheduler.admission.probe_margin must be in [0, 1)")
         _check(0 < self.probe_sigmas <= 6, "scheduler.admission.probe_sigmas must be in (0, 6]")
         _check(self.probe_up in ("idle", "on", "off"), "scheduler.admission.probe_up must be idle, on or off")
+        _check(0 <= self.probe_down_busy <= 1, "scheduler.admission.probe_down_busy must be in [0, 1]")
         _check(0 < self.probe_up_busy <= 1, "scheduler.admission.probe_up_busy must be in (0, 1]")
         _check(0 <= self.max_bias <= self.levels, "scheduler.admission.max_bias must be in [0, levels]")
         _check(0 < self.occupancy_target < 1, "scheduler.admission.occupancy_target must be in (0, 1)")

@@ -82,7 +82,8 @@ the programs admitted beyond the pool run best-effort, their requests queued by 
 
 **4. The guard: measurement.** Goodput is measured per level over a window of whole periods
 (the period after a change is skipped: transient). Every ``probe_every_periods`` the level
-moves up or down (alternating) for ``probe_periods`` — longer, up to 4×, until it has counted
+moves up or down (alternating; down only while the engine is busy, ``probe_down_busy``) for
+``probe_periods`` — longer, up to 4×, until it has counted
 ``probe_min_steps`` steps — to the nearest level whose change of programs its window can
 measure: in a closed loop steps/s cannot grow faster than the programs that run, so a probe
 smaller than the noise could never win and is not made (on a GPU, where a window of a few
@@ -842,7 +843,10 @@ def _maybe_probe(st: AdmissionState, ac: AdmissionConfig, v: BackendView, choice
     ``probe_up_busy`` of the time — a probe up costs the recompute of what it admits and of
     the programs paused when it ends (in the DES of 2 saturated GLM nodes, 4% of a 25-minute
     run for probes none of which won) — or (``on``) where the model predicts ``min_gain``.
-    Probes down guard the side where a wrong model hurts most: admitting too much."""
+    Probes down guard the side where a wrong model hurts most: admitting too much, which
+    shows as an engine kept busy; while it idles (busy below ``probe_down_busy`` lately and over
+    the window) they wait: fewer programs cannot relieve it, and a probe down there only holds
+    back programs it has room for."""
     need = _detectable(st.measured, st.win_steps, ac, tick)
     for d in (st.next_probe, -st.next_probe):
         wait = ac.probe_every_periods * (st.up_wait if d > 0 else st.down_wait)
@@ -851,6 +855,8 @@ def _maybe_probe(st: AdmissionState, ac: AdmissionConfig, v: BackendView, choice
         if d > 0 and (v.supply <= v.active or ac.probe_up == "off"
                       or (ac.probe_up == "idle" and not _idle(st, ac))):
             continue  # nothing more to admit, or probes up are off (or the engine has no idle time)
+        if d < 0 and not _busy(st, ac.probe_down_busy):
+            continue  # the engine idles: fewer programs cannot relieve it (``probe_down_busy``)
         reference = ac.reference_probes and d < 0 and st.next_reference and st.level > 1
         to = 0 if reference else _probe_level(st.level, d, choices, need)
         if to is None and d < 0:
@@ -888,6 +894,14 @@ def _idle(st: AdmissionState, ac: AdmissionConfig) -> bool:
     idle time a level can fill: admitting for it only adds recompute."""
     window = st.win_busy / st.win_s if st.win_s > 0 else st.busy
     return st.busy < ac.probe_up_busy and window < ac.probe_up_busy
+
+
+def _busy(st: AdmissionState, share: float) -> bool:
+    """The engine was busy at least ``share`` of the time lately (``busy``, averaged over the
+    fit's half-life) or over the current window: where a probe down may find a level that
+    relieves it (``probe_down_busy``)."""
+    window = st.win_busy / st.win_s if st.win_s > 0 else st.busy
+    return st.busy >= share or window >= share
 
 
 def _probe_level(level: int, d: int, choices: list[Choice], need: float) -> int | None:

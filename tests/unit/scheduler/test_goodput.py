@@ -58,8 +58,8 @@ class Synthetic:
     seconds from the engine ``e`` at that level's batch."""
 
     def __init__(self, truth: Engine, supply: int = 24, noise: bool = True, seed: int = 0,
-                 rate: object = None, reports_busy: bool = False) -> None:
-        self.truth, self.supply, self.noise = truth, supply, noise
+                 rate: object = None, reports_busy: bool = False, cfg: SchedulerConfig = CFG) -> None:
+        self.truth, self.supply, self.noise, self.cfg = truth, supply, noise, cfg
         self.rng = random.Random(seed)
         self.rate = rate
         self.b = Backend("http://syn", 0, Tiers(hbm_tokens=POOL), session_refs=True)
@@ -105,7 +105,7 @@ class Synthetic:
                 self.moments[i] += x
         lv.decode_moments = tuple(self.moments)
         self.now += dt
-        self.st = update(self.st, self.b, self.view(n), self.now, CFG)
+        self.st = update(self.st, self.b, self.view(n), self.now, self.cfg)
         self.history.append(self.st)
         return self.st
 
@@ -114,7 +114,7 @@ class Synthetic:
         return max(0.0, self.rng.gauss(mean, math.sqrt(max(mean, 1e-9))))
 
     def run(self, periods: int) -> list[AdmissionState]:
-        self.st = update(None, self.b, self.view(self.n_of(None)), 0.0, CFG)
+        self.st = update(None, self.b, self.view(self.n_of(None)), 0.0, self.cfg)
         for _ in range(periods):
             self.period()
         return self.history
@@ -536,3 +536,27 @@ def test_the_slack_is_read_only_while_the_engine_idles():
     assert all(h.slack == 0.0 for h in idle if h.loop[0] < 2 * AC.probe_min_steps)  # not before enough steps
     busy = Synthetic(CPU, noise=False, rate=slow, reports_busy=False).run(120)
     assert all(h.busy >= SLACK_BUSY and h.slack == 0.0 for h in busy)
+
+
+def test_probes_down_wait_while_the_engine_idles():
+    """A probe down asks whether fewer programs relieve a saturated engine, so it runs only
+    while the engine is busy at least ``probe_down_busy`` of the time, lately or over the
+    window. The same loop, whose levels above the watermarks run slower than the model says:
+    on an engine that reads busy, probes down are made; on one that idles, none is, unless
+    ``probe_down_busy`` is 0."""
+    from thunder_sgl.scheduler.goodput import _busy
+
+    def worse(level: int, r: float) -> float:  # a slower loop than the model's, slower still above level 0
+        return 0.6 * r * 0.8 ** level
+
+    def downs(hist: list[AdmissionState]) -> list[AdmissionState]:
+        return [h for a, h in zip(hist, hist[1:], strict=False) if h.probe == -1 and a.probe != -1]
+
+    busy = Synthetic(CPU, noise=False, rate=worse, reports_busy=False).run(200)
+    assert downs(busy), "a saturated engine probes down"
+    idle = Synthetic(CPU, noise=False, rate=worse, reports_busy=True).run(200)
+    assert not any(_busy(h, AC.probe_down_busy) for h in idle[10:])  # the synthetic engine idles throughout
+    assert not downs(idle)
+    always = dataclasses.replace(CFG, admission=dataclasses.replace(AC, probe_down_busy=0.0))
+    assert downs(Synthetic(CPU, noise=False, rate=worse, reports_busy=True, cfg=always).run(200)), \
+        "with probe_down_busy 0 the idle engine is probed down as before"
