@@ -43,6 +43,6 @@ def test_openai_agents_sdk_through_thunder_with_explicit_and_inferred_ids(engine
     turns = 3
     _, explicit, inferred = explicit_then_inferred(
         thunder.url, lambda tag, ids: run_openai_agents(thunder.url, tasks(tag), turns, "default", ids, max_tokens=16,
-                                                        concurrent=False),
+                                                        concurrent=False, temperature=0.0),
         N, turns, "oa")
     assert explicit > 0.3 and abs(inferred - explicit) <= 0.02, (inferred, explicit)

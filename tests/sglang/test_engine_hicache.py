@@ -74,8 +74,17 @@ def program(router: str, pid: str) -> dict:
     return httpx.get(f"{router}/programs/{pid}", timeout=10).json()
 
 
-def flush_engine(url: str) -> None:
-    httpx.post(url + "/flush_cache", timeout=60).raise_for_status()
+def flush_engine(url: str, timeout: float = 120.0) -> None:
+    """``/flush_cache`` on the engine, once it accepts: SGLang refuses it (400) while anything
+    is queued, running or still being copied to the host tier — which the previous test's
+    requests can be, for a while, on a busy machine."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = httpx.post(url + "/flush_cache", timeout=60)
+        if r.status_code != 400 or time.monotonic() > deadline:
+            r.raise_for_status()
+            return
+        time.sleep(0.5)
 
 
 def test_the_patches_apply_and_the_cpu_transfer_op_copies_token_slots(engine_env):
