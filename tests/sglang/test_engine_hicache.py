@@ -79,9 +79,9 @@ STORAGE_MIN = 1500
 
 
 def flush_engine(url: str, timeout: float = 120.0) -> None:
-    """``/flush_cache`` on the engine, once it accepts: SGLang refuses it (400) while anything
-    is queued, running or still being copied to the host tier — which the previous test's
-    requests can be, for a while, on a busy machine."""
+    """``/flush_cache`` on the engine, once it accepts: SGLang refuses it (400) while any
+    request is queued or running (``Scheduler.flush_cache``), which a previous test's can
+    still be, for a while, on a busy machine."""
     deadline = time.monotonic() + timeout
     while True:
         r = httpx.post(url + "/flush_cache", timeout=60)

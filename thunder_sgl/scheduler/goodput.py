@@ -892,8 +892,7 @@ def _idle(st: AdmissionState, ac: AdmissionConfig) -> bool:
     would be compared with. A dip of the average inside a window the engine kept busy — a
     moment when every admitted program was in a tool at once, on a saturated engine — is not
     idle time a level can fill: admitting for it only adds recompute."""
-    window = st.win_busy / st.win_s if st.win_s > 0 else st.busy
-    return st.busy < ac.probe_up_busy and window < ac.probe_up_busy
+    return not _busy(st, ac.probe_up_busy)
 
 
 def _busy(st: AdmissionState, share: float) -> bool:
