@@ -178,6 +178,24 @@ def test_release_returns_held_tickets_and_unknown_release_is_404():
         c.release("big", 1.0)
 
 
+def test_a_released_program_counts_its_steps_on_the_backend_it_last_ran_on():
+    """``Served.ended`` and ``ended_steps``: how many steps programs take where they end (the
+    admission rule tells an open stream of programs from a closed loop by them). A program
+    released before any step counts nowhere; one paused since its last step counts where it ran."""
+    c = make(n=1)
+    b = c.backends["http://w0"]
+    for i in range(3):
+        step(c, "a", 100 + 10 * i, 10, float(i * 2))
+    step(c, "b", 100, 10, 10.0)
+    c.ensure_program("sandbox-only", 11.0)
+    c.release("sandbox-only", 12.0)
+    assert (b.served.ended, b.served.ended_steps) == (0, 0)
+    c._pause(c.programs.get("a"), 13.0)
+    c.release("a", 14.0)
+    c.release("b", 14.0)
+    assert (b.served.ended, b.served.ended_steps) == (2, 4)
+
+
 def test_held_requests_expire_after_the_held_timeout():
     cfg = RouterConfig(gateway=GatewayConfig(held_timeout_seconds=10.0))
     c = Controller(cfg)  # no backends: nothing can be admitted

@@ -204,6 +204,11 @@ class Served:
     """Prompt tokens new to their program (its observation; a first step's uncached prompt)."""
     output_tokens: int = 0
     """Completion tokens of the steps."""
+    ended: int = 0
+    """Programs that ended (released, or idle past their timeout) after their last step here ..."""
+    ended_steps: int = 0
+    """... and the steps they had taken in all: few steps per program is an open stream of
+    programs (conversations that arrive, take a turn or two and leave), not a closed loop."""
     occupied_s: float = 0.0
     busy_since: float | None = None
     """When the backend last went from no request in flight to one (None: none in flight)."""

@@ -297,6 +297,11 @@ class Controller:
         q = self._held.pop(pid, deque())
         self._held_count -= len(q)
         self.stats.released += 1
+        where = p.backend or p.prev_backend
+        b = self.backends.get(where) if p.steps and where else None
+        if b is not None:  # how many steps programs take (the admission rule tells open streams by it)
+            b.served.ended += 1
+            b.served.ended_steps += p.steps
         if p.inferred:
             self._inferred_live -= 1
         self.kvrefs.left(p)

@@ -34,6 +34,8 @@ ADMISSION_GAUGES = (
     ("measured_steps_per_s", "Steps/s measured at the chosen level (current window)"),
     ("fixed_measured_steps_per_s", "Steps/s last measured at the fixed watermarks"),
     ("slack_s", "Seconds per program cycle the goodput model does not see (read while the engine idles)"),
+    ("open_stream", "1 when the programs ending here take few steps (an open stream): the top level"),
+    ("steps_per_ended_program", "Steps per program that ended here (discounted over the fit's half-life)"),
     ("probes", "Admission probes started"),
     ("probes_won", "Admission probes whose level measured better"),
     ("fallbacks", "Falls back to the fixed watermarks after a measured loss"),

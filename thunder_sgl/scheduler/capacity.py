@@ -87,6 +87,10 @@ class BackendLoad:
     """Most programs placements may bring the backend to (None: no bound). Set where the
     admission rule admits beyond the watermarks: its share of the programs there are
     (``ThunderScheduler._shares``; with one backend, all of them, so it never binds)."""
+    request_level: bool = False
+    """The admission rule serves an open stream of programs at its top level (``goodput``):
+    placements ignore the engine's own queue (``open_backends``), as request-level routing
+    does, instead of holding new conversations at the router until it drains."""
     progs: list[Program] = field(default_factory=list)
     key_counts: dict[str, int] = field(default_factory=dict)
     key_shared: dict[str, int] = field(default_factory=dict)

@@ -133,7 +133,7 @@ def open_backends(loads: dict[str, BackendLoad], now: float, stale_after: float,
         key: ld for key, ld in loads.items()
         if ld.backend.available(now, stale_after)
         and not ld.backend.engine_paused
-        and not ld.backend.under_pressure(cfg.pressure_waiting_reqs)
+        and (ld.request_level or not ld.backend.under_pressure(cfg.pressure_waiting_reqs))
     }
 
 

@@ -58,8 +58,12 @@ class Synthetic:
     seconds from the engine ``e`` at that level's batch."""
 
     def __init__(self, truth: Engine, supply: int = 24, noise: bool = True, seed: int = 0,
-                 rate: object = None, reports_busy: bool = False, cfg: SchedulerConfig = CFG) -> None:
+                 rate: object = None, reports_busy: bool = False, cfg: SchedulerConfig = CFG,
+                 steps_per_program: float | None = None) -> None:
         self.truth, self.supply, self.noise, self.cfg = truth, supply, noise, cfg
+        self.steps_per_program = steps_per_program
+        """When set, programs end after this many steps on average (``Served.ended``)."""
+        self.ended_f = 0.0
         self.rng = random.Random(seed)
         self.rate = rate
         self.b = Backend("http://syn", 0, Tiers(hbm_tokens=POOL), session_refs=True)
@@ -93,6 +97,11 @@ class Synthetic:
         s.steps += whole
         s.new_tokens += int(whole * 300)
         s.output_tokens += int(whole * 16)
+        if self.steps_per_program:
+            self.ended_f += whole / self.steps_per_program
+            ended = int(self.ended_f) - s.ended
+            s.ended += ended
+            s.ended_steps = int(round(s.ended * self.steps_per_program))
         jitter = self.rng.uniform(0.6, 1.4) if self.noise else 1.0 + 0.3 * math.sin(self.now)
         tokens = whole * p.uncached * jitter
         lv = self.b.live
@@ -560,3 +569,34 @@ def test_probes_down_wait_while_the_engine_idles():
     always = dataclasses.replace(CFG, admission=dataclasses.replace(AC, probe_down_busy=0.0))
     assert downs(Synthetic(CPU, noise=False, rate=worse, reports_busy=True, cfg=always).run(200)), \
         "with probe_down_busy 0 the idle engine is probed down as before"
+
+
+def test_an_open_stream_of_programs_runs_at_the_top_level():
+    """Programs that end after a step or two (conversations that arrive, take a turn and
+    leave) are an open stream, not the closed loop the model is of: there the steps per
+    second are the arrivals' whatever the level, so the model's choice is the top level and
+    nothing queues at the router while the engine has room. The same loop whose levels above
+    the watermarks run slower than the model says: as a closed loop (agents of 15 steps, or
+    no program ended yet) the rule keeps below the top; as an open stream it goes to the top
+    within a few periods and stays there, without probes."""
+    def worse(level: int, r: float) -> float:
+        return 0.6 * r * 0.8 ** level
+
+    top = AC.levels
+    none = Synthetic(CPU, noise=False, rate=worse, reports_busy=True).run(200)
+    agents = Synthetic(CPU, noise=False, rate=worse, reports_busy=True, steps_per_program=15).run(200)
+    assert not any(h.open_stream for h in agents)
+    assert [h.level for h in agents] == [h.level for h in none], "a closed loop that ends programs: unchanged"
+    assert top not in settled_levels(none)[50:]
+    chat = Synthetic(CPU, noise=False, rate=worse, reports_busy=True, steps_per_program=1.5).run(200)
+    first = next(i for i, h in enumerate(chat) if h.open_stream)
+    assert first < 40, "judged open once OPEN_MIN_ENDS programs have ended"
+    assert all(h.open_stream for h in chat[first:])
+    assert all(h.level == top and h.model_level == top for h in chat[first + 2:])
+    assert chat[-1].view()["open_stream"] is True
+    assert chat[-1].view()["steps_per_ended_program"] == pytest.approx(1.5, abs=0.1)
+    # no probes either way, even on a saturated engine: the rate is the arrivals' at every
+    # level, and a probe down only queues conversations at the router for its window
+    busy = Synthetic(CPU, noise=False, rate=worse, reports_busy=False, steps_per_program=1.5).run(200)
+    first = next(i for i, h in enumerate(busy) if h.open_stream)
+    assert all(h.probe == 0 and h.level == top for h in busy[first + 2:])

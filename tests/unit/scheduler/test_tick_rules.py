@@ -339,6 +339,20 @@ def test_backend_reporting_queueing_or_retraction_gets_no_restores():
     assert policy().tick(1.0, t, [b]).placements == ()
 
 
+def test_a_backend_serving_an_open_stream_takes_programs_whatever_its_engine_queues():
+    """``BackendLoad.request_level`` (the goodput rule at its top level on an open stream):
+    placements ignore the engine's own queue, as request-level routing does; other backends
+    under pressure still take none."""
+    from thunder_sgl.scheduler.placement import open_backends
+
+    b = backend("b", 1000)
+    b.live.waiting_reqs = CFG.pressure_waiting_reqs + 1
+    ld = BackendLoad.for_backend(b, CFG)
+    assert open_backends({"b": ld}, 1.0, 10.0, CFG) == {}
+    ld.request_level = True
+    assert open_backends({"b": ld}, 1.0, 10.0, CFG) == {"b": ld}
+
+
 def test_stale_monitored_backend_counts_as_full():
     t = ProgramTable()
     b = backend("b", 1000)
