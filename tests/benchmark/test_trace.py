@@ -140,6 +140,20 @@ def test_run_trace_des_returns_a_result():
     assert r.router == "direct" and r.trace["requests_offered"] == 10
 
 
+def test_a_failed_run_gets_a_row_saying_why_in_the_trace_table():
+    """A run that failed before it measured (an engine that could not start) carries only the
+    trace's description: its row says why instead of the report failing on the missing figures."""
+    from dataclasses import replace
+
+    from thunder_sgl.benchmark.reports import trace as trace_report
+
+    ok = run_trace_des("glm46-fp8-h100x8", 1, "direct", SAMPLE, duration_s=10.0, limit=10)
+    bad = replace(ok, router="thunder", notes="EngineEnvError: model not built",
+                  trace={k: v for k, v in ok.trace.items() if k.startswith("trace_") or k == "speed"})
+    md = "\n".join(trace_report.markdown([ok, bad]))
+    assert "| direct | 10/10 |" in md and "| thunder | failed: EngineEnvError: model not built |" in md
+
+
 def test_spec_trace_names_and_refusals():
     with pytest.raises(ValueError, match="rollout"):
         BenchSpec(mode="des", trace=str(SAMPLE), warm_start=True)

@@ -36,6 +36,9 @@ def markdown(results: Sequence[RunResult]) -> list[str]:
                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in mine:
             t = r.trace
+            if "requests_answered" not in t:  # the run failed before it measured (its note says why)
+                lines.append(f"| {r.router} | failed: {r.notes or 'no measurement'} | | | | | | | |")
+                continue
             lines.append(
                 f"| {r.router} | {t['requests_answered']}/{t['requests_offered']} | {r.steps_per_min:.1f} "
                 f"| {r.kv_hit_rate:.1%} | {(r.prompt_tokens - r.cached_tokens) / 1e6:.1f} "
