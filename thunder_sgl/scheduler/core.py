@@ -146,7 +146,7 @@ class ThunderScheduler:
                 ld.set_extra(self.cfg, new.extra, new.protect, new.hbm_extra)
             if ld.extra > 0:  # above the watermarks: no more than its share (one backend: all)
                 ld.max_active = supply
-            ld.request_level = getattr(new, "open_stream", False) and new.level >= self.cfg.admission.levels
+            ld.request_level = getattr(new, "open_stream", False)
             out[key] = new
         return out
 

@@ -502,8 +502,12 @@ class AdmissionState:
     def hbm_extra(self) -> float:
         """The HBM condition rises with the level: requests of the programs admitted beyond the
         pool go to the engine, whose own scheduler queues what its KV cannot hold, instead of
-        waiting at the router (which releases them later and sizes them coarsely)."""
-        return self.extra
+        waiting at the router (which releases them later and sizes them coarsely). On an open
+        stream there is no condition at all: the engine queues every request, as under
+        request-level routing (held at the router past a few pools in flight, they were
+        released out of their order of arrival and the TTFT tail grew: real CPU engines at
+        overload, p99 78 s against direct's 50 s)."""
+        return math.inf if self.open_stream else self.extra
 
     def view(self) -> dict[str, object]:
         """What ``GET /workers`` and ``/metrics`` show."""
@@ -656,8 +660,9 @@ def update(state: AdmissionState | None, b: Backend, v: BackendView, now: float,
     _write(st, smoothed=tuple(rates))
     best = ac.levels if st.open_stream else _best(rates, ac.min_gain, st.model_level)
     streak = st.model_streak + 1 if best == st.model_next else 1
-    if st.open_stream and best != st.model_level:  # an open stream: at once (its "cycle" is a think time)
-        _write(st, model_level=best, model_next=best, model_streak=streak, churn=churn)
+    if st.open_stream:  # at once (its "cycle" is a think time), and no probe's verdict holds it below
+        _write(st, model_level=best, model_next=best, model_streak=streak, churn=churn, bias=0, ceiling=1 << 30,
+               confirm=False)
     elif best != st.model_level and streak >= max(MODEL_HOLD, cycle):  # a preference held a cycle
         _write(st, model_level=best, model_next=best, model_streak=streak, churn=churn)
     else:
@@ -769,7 +774,7 @@ def _choices(v: BackendView, lp: Loop, e: Engine | None, ac: AdmissionConfig, le
         # references. An open stream's programs wait minutes between turns; capped, they kept
         # their places and held new conversations at the router on an engine that had room
         # (one CPU engine 0.91 busy: 68% of first tokens within 5 s against 100% for direct)
-        extras[-1] = max(extras[-1], 2.0 * need)
+        extras[-1] = max(extras[-1], 2.0 * need + ac.max_overcommit * v.pool)
     ns = [max(1.0, min(float(v.supply), (base + x) / w) if v.supply else (base + x) / w) for x in extras]
     if e is None:
         return [Choice(x, math.inf, n, min(n, k_fit), 0.0) for x, n in zip(extras, ns, strict=True)], 0.0

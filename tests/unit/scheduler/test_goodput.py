@@ -594,6 +594,7 @@ def test_an_open_stream_of_programs_runs_at_the_top_level():
     assert all(h.open_stream for h in chat[first:])
     assert all(h.level == top and h.model_level == top for h in chat[first + 2:])
     assert chat[-1].view()["open_stream"] is True
+    assert chat[-1].hbm_extra == math.inf and agents[-1].hbm_extra == agents[-1].extra  # no HBM gate: request-level
     assert chat[-1].view()["steps_per_ended_program"] == pytest.approx(1.5, abs=0.1)
     # no probes either way, even on a saturated engine: the rate is the arrivals' at every
     # level, and a probe down only queues conversations at the router for its window
