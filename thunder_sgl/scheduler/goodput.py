@@ -91,8 +91,8 @@ while the engine has room (Mooncake conversation trace on two CPU engines, DES: 
 1.1 s and 100%, with twice its KV hit rate). There the model's choice is the top level, at
 once, with no probes (a probe down measures nothing until the engine saturates, and for its
 window holds new conversations at the router); the top level then admits every program there
-is, beyond ``max_overcommit``, and placements ignore the engine's own queue
-(``BackendLoad.request_level``): request-level service, with KV references for the
+is, beyond ``max_overcommit``, placements ignore the engine's own queue
+(``BackendLoad.request_level``) and the HBM condition is off (``hbm_extra``): request-level service, with KV references for the
 conversations that fit. A closed loop never reads as open: at its start no program has ended,
 and agents take ten steps and more.
 
