@@ -1,4 +1,9 @@
-import json, sys, glob, os
+"""The table of README.md: python summarize.py DIR (each cell's results.json, thunder before beside it)."""
+import glob
+import json
+import os
+import sys
+
 root = sys.argv[1]
 rows = {}
 for f in sorted(glob.glob(f"{root}/*/results.json")):
