@@ -297,7 +297,7 @@ class Controller:
         q = self._held.pop(pid, deque())
         self._held_count -= len(q)
         self.stats.released += 1
-        where = p.backend or p.prev_backend
+        where = p.prev_backend  # released: its last backend, or where it ran before a pause
         b = self.backends.get(where) if p.steps and where else None
         if b is not None:  # how many steps programs take (the admission rule tells open streams by it)
             b.served.ended += 1

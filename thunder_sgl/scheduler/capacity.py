@@ -88,7 +88,7 @@ class BackendLoad:
     admission rule admits beyond the watermarks: its share of the programs there are
     (``ThunderScheduler._shares``; with one backend, all of them, so it never binds)."""
     request_level: bool = False
-    """The admission rule serves an open stream of programs at its top level (``goodput``):
+    """The admission rule serves an open stream of programs (``goodput``, request-level service):
     placements ignore the engine's own queue (``open_backends``), as request-level routing
     does, instead of holding new conversations at the router until it drains."""
     progs: list[Program] = field(default_factory=list)

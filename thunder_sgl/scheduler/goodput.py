@@ -92,8 +92,8 @@ while the engine has room (Mooncake conversation trace on two CPU engines, DES: 
 once, with no probes (a probe down measures nothing until the engine saturates, and for its
 window holds new conversations at the router); the top level then admits every program there
 is, beyond ``max_overcommit``, placements ignore the engine's own queue
-(``BackendLoad.request_level``) and the HBM condition is off (``hbm_extra``): request-level service, with KV references for the
-conversations that fit. A closed loop never reads as open: at its start no program has ended,
+(``BackendLoad.request_level``) and the HBM condition is off (``hbm_extra``): request-level
+service, with KV references for the conversations that fit. A closed loop never reads as open: at its start no program has ended,
 and agents take ten steps and more.
 
 **4. The guard: measurement.** Goodput is measured per level over a window of whole periods
@@ -479,9 +479,7 @@ class AdmissionState:
     """Tokens per step prefilled beyond the model's at the current level (program rotation)."""
     ends: tuple[float, float] = (0.0, 0.0)
     """Programs that ended after their last step here and their steps, discounted over the
-    fit's half-life: few steps per program is an open stream (``_open``)."""
-    open_stream: bool = False
-    """The backend is fed an open stream of programs: the model's choice is the top level."""
+    fit's half-life: few steps per program is an open stream (``open_stream``)."""
     loop: tuple[float, float, float] = (0.0, 0.0, 0.0)
     """Steps, seconds and program-seconds running, discounted over the fit's half-life: the
     measured closed loop that ``slack`` is read from."""
@@ -497,6 +495,12 @@ class AdmissionState:
     """Programs the level admits (predicted)."""
     k: float = 0.0
     """Of them protected."""
+
+    @property
+    def open_stream(self) -> bool:
+        """The backend is fed an open stream of programs (``_open``): the model's choice is the
+        top level."""
+        return _open(self.ends)
 
     @property
     def hbm_extra(self) -> float:
@@ -628,7 +632,7 @@ def update(state: AdmissionState | None, b: Backend, v: BackendView, now: float,
     # the period's one copy of the state: every later step of this update writes into it (``_write``)
     ends = (keep * st.ends[0] + dend, keep * st.ends[1] + dend_steps)
     st = _with(st, at=now, snap=cur, dec=dec, pre=pre, engine=engine, block=(bs, bt, bp),
-               busy=st.busy + (1.0 - keep) * (busy - st.busy), ends=ends, open_stream=_open(ends))
+               busy=st.busy + (1.0 - keep) * (busy - st.busy), ends=ends)
     # 4. the window measured at the current level
     if st.settle:
         _write(st, settle=st.settle - 1)
@@ -651,16 +655,17 @@ def update(state: AdmissionState | None, b: Backend, v: BackendView, now: float,
         _write(st, slack=_slack(engine, lp, loop, v, st.churn))  # read only while the engine idles
     slack = st.slack
     lp = Loop(lp.tool_s, lp.context, lp.shared, lp.output, lp.new_tokens, lp.hbm, lp.cache, lp.refs, lp.tools, slack)
-    choices, churn = _choices(v, lp, engine, ac, st.level, pre.tokens_per_step, st.open_stream)
+    opened = st.open_stream
+    choices, churn = _choices(v, lp, engine, ac, st.level, pre.tokens_per_step, opened)
     # one program cycle (tool + request), in whole periods: what a probe up skips first
     cycle = max(1, math.ceil((b.served.tool_s + b.served.request_s) / cfg.tick_seconds))
     rates = [c.rate for c in choices]
     if len(st.smoothed) == len(rates) and all(r > 0 for r in st.smoothed):
         rates = [m + ac.cost_ema_alpha * (r - m) for m, r in zip(st.smoothed, rates, strict=True)]
     _write(st, smoothed=tuple(rates))
-    best = ac.levels if st.open_stream else _best(rates, ac.min_gain, st.model_level)
+    best = ac.levels if opened else _best(rates, ac.min_gain, st.model_level)
     streak = st.model_streak + 1 if best == st.model_next else 1
-    if st.open_stream:  # at once (its "cycle" is a think time), and no probe's verdict holds it below
+    if opened:  # at once (its "cycle" is a think time), and no probe's verdict holds it below
         _write(st, model_level=best, model_next=best, model_streak=streak, churn=churn, bias=0, ceiling=1 << 30,
                confirm=False)
     elif best != st.model_level and streak >= max(MODEL_HOLD, cycle):  # a preference held a cycle
@@ -690,7 +695,7 @@ def update(state: AdmissionState | None, b: Backend, v: BackendView, now: float,
         _set_level(st, target)
         if st.confirm:  # the level a won probe led to: confirmed afresh after a whole cycle
             _write(st, settle=cycle)
-    elif st.probe == 0 and not st.confirm and st.win_steps >= ac.probe_min_steps and not st.open_stream:
+    elif st.probe == 0 and not st.confirm and st.win_steps >= ac.probe_min_steps and not opened:
         _maybe_probe(st, ac, v, choices, cfg.tick_seconds, cycle)
     _apply(st, choices)
     return st

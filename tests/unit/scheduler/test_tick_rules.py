@@ -340,7 +340,7 @@ def test_backend_reporting_queueing_or_retraction_gets_no_restores():
 
 
 def test_a_backend_serving_an_open_stream_takes_programs_whatever_its_engine_queues():
-    """``BackendLoad.request_level`` (the goodput rule at its top level on an open stream):
+    """``BackendLoad.request_level`` (the goodput rule on an open stream):
     placements ignore the engine's own queue, as request-level routing does; other backends
     under pressure still take none."""
     from thunder_sgl.scheduler.placement import open_backends
