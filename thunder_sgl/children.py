@@ -55,15 +55,22 @@ class Proc:
     log_path: Path
     urls: list[str] = field(default_factory=list)
     """For a simulated cluster: one URL per worker."""
+    log_from: int = 0
+    """Where this process's output starts in ``log_path``: a process started again under the same
+    name appends to the log of the one before it."""
 
     def alive(self) -> bool:
         return self.popen.poll() is None
 
     def log_tail(self, n: int = 40) -> str:
+        """The last ``n`` lines this process wrote."""
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+            with open(self.log_path, "rb") as f:
+                f.seek(self.log_from)
+                text = f.read().decode(errors="replace")
         except OSError:
             return ""
+        return "\n".join(text.splitlines()[-n:])
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM the process group, then SIGKILL whatever is left (of the group too: a child

@@ -44,6 +44,17 @@ WRITE_POLICIES = ("write_through", "write_back", "write_through_selective")
 START_TIMEOUT_S = 240.0
 """A server starts in ~20 s on an idle 2-core machine (16 s of it tokenizer start-up); several
 starting at once, beside other work, take longer."""
+PORT_TRIES = 3
+"""How many ports a server is tried on when the one picked was taken before it bound it."""
+
+
+class PortTaken(RuntimeError):
+    """The server could not bind the port picked for it."""
+
+
+def port_taken(p: Proc) -> bool:
+    """Whether ``p``'s log says its HTTP port was already in use (errno 98, EADDRINUSE)."""
+    return "address already in use" in p.log_tail(20).lower()
 
 
 class HiCachePatchError(RuntimeError):
@@ -153,20 +164,42 @@ class EngineCluster:
 
     def _launch(self, i: int) -> Proc:
         argv = engine_argv(self.env, self.opts, self.ports[i], self.host, worker=i)
-        p, log = spawn(f"sglang-{i}", argv, self.log_dir, env=engine_env_vars(self.opts))
-        return Proc(f"sglang-{i}", p, self.urls[i], log)
+        name = f"sglang-{i}"
+        log = self.log_dir / f"{name}.log"
+        start = log.stat().st_size if log.exists() else 0
+        p, log = spawn(name, argv, self.log_dir, env=engine_env_vars(self.opts))
+        return Proc(name, p, self.urls[i], log, log_from=start)
 
     def _ready(self, p: Proc, timeout: float) -> None:
-        wait_until(lambda: http_ok(p.url + "/health", timeout=10), timeout, f"{p.name} /health", p, 0.5)
+        def up() -> bool:
+            # The log first: what answers on a taken port is not this server.
+            if port_taken(p):
+                raise PortTaken(f"{p.name}: {p.url} was taken before the server bound it")
+            return http_ok(p.url + "/health", timeout=10)
+
+        wait_until(up, timeout, f"{p.name} /health", p, 0.5)
         if self.opts.hicache is not None:
             check_patched(p)
 
     def start(self, n: int, timeout: float = START_TIMEOUT_S) -> EngineCluster:
+        """A port is free when it is picked and may be taken before the server binds it: by
+        another process, or by an earlier server of this cluster, whose scheduler picks its own
+        ports near its HTTP port. SGLang's HTTP server then logs ``address already in use`` and
+        stays up without serving; such a server is stopped and started again on a new port, up
+        to ``PORT_TRIES`` times."""
         self.ports = [free_port(self.host) for _ in range(n)]
         self.procs = [self._launch(i) for i in range(n)]
         try:
-            for p in self.procs:
-                self._ready(p, timeout)
+            for i in range(n):
+                for attempt in range(PORT_TRIES):
+                    try:
+                        self._ready(self.procs[i], timeout)
+                        break
+                    except PortTaken:
+                        if attempt == PORT_TRIES - 1:
+                            raise
+                        self.ports[i] = free_port(self.host)
+                        self.procs[i] = self._launch(i)
         except BaseException:
             self.stop()
             raise
