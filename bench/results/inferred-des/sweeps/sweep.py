@@ -6,7 +6,8 @@ The sets ran against the code of their moment (the rows are what that code measu
 ranked candidates by idle time; ``2`` also used ``inferred_pause_own_factor`` (a threshold from
 the program's own longest tool, since removed, so set 2 no longer runs); ``3`` and later rank
 by idle ÷ longest tool as the code now does (``3.jsonl`` stops before its last row); ``s4`` and
-``s5`` ran the final code (``s5``: seeds 2 and 3)."""
+``s5`` ran the final code (``s5``: seeds 2 and 3); ``s6`` tried ``dormant_keeps_place`` (a
+dormant program that asks again queues from when it went dormant)."""
 
 import json
 import sys
@@ -41,6 +42,9 @@ SETS = {
         "q0.99min5": dict(inferred_pause_quantile=0.99, inferred_pause_min_seconds=5.0)}.items()]),
     "s5": (MINI + CPU, (2, 3), [EXPLICIT, ("thunder-inferred", "q0.98", dict(inferred_pause_quantile=0.98)),
                                 ("thunder-inferred", "q0.99", dict(inferred_pause_quantile=0.99))]),
+    "s6": (MINI + CPU, (1, 2), [EXPLICIT] + [("thunder-inferred", k, v) for k, v in {
+        "q0.98-place-off": dict(dormant_keeps_place=False), "q0.98-place": {},
+        "q0.95-place": dict(inferred_pause_quantile=0.95), "q0.9-place": dict(inferred_pause_quantile=0.9)}.items()]),
 }
 
 if __name__ == "__main__":
