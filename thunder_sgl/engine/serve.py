@@ -162,12 +162,14 @@ class EngineCluster:
     def urls(self) -> list[str]:
         return [f"http://{self.host}:{p}" for p in self.ports]
 
+    def _argv(self, i: int) -> list[str]:
+        return engine_argv(self.env, self.opts, self.ports[i], self.host, worker=i)
+
     def _launch(self, i: int) -> Proc:
-        argv = engine_argv(self.env, self.opts, self.ports[i], self.host, worker=i)
         name = f"sglang-{i}"
         log = self.log_dir / f"{name}.log"
-        start = log.stat().st_size if log.exists() else 0
-        p, log = spawn(name, argv, self.log_dir, env=engine_env_vars(self.opts))
+        start = log.stat().st_size if log.exists() else 0  # a server started again appends
+        p, log = spawn(name, self._argv(i), self.log_dir, env=engine_env_vars(self.opts))
         return Proc(name, p, self.urls[i], log, log_from=start)
 
     def _ready(self, p: Proc, timeout: float) -> None:

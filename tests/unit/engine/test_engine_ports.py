@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from thunder_sgl.children import Proc, spawn
 from thunder_sgl.engine import serve
 from thunder_sgl.engine.serve import EngineCluster, EngineOptions, PortTaken
 
@@ -40,13 +39,9 @@ STAND_IN = textwrap.dedent('''
 class StandInCluster(EngineCluster):
     launches: list[int]
 
-    def _launch(self, i: int) -> Proc:
+    def _argv(self, i: int) -> list[str]:
         self.launches.append(self.ports[i])
-        name = f"sglang-{i}"
-        log = self.log_dir / f"{name}.log"
-        start = log.stat().st_size if log.exists() else 0
-        p, log = spawn(name, [sys.executable, "-c", STAND_IN, str(self.ports[i])], self.log_dir)
-        return Proc(name, p, self.urls[i], log, log_from=start)
+        return [sys.executable, "-c", STAND_IN, str(self.ports[i])]
 
 
 def _held_port() -> socket.socket:
