@@ -280,13 +280,6 @@ class ProgramsConfig:
 
     inferred_pause_quantile: float = 0.98
 
-    dormant_keeps_place: bool = False
-    """True: a dormant program that asks again (it was live: the guess that it ended was wrong)
-    queues from when it went dormant, ahead of those that started waiting after it. False (the
-    default): from its request. In the DES it changed nothing at the default quantile (runs
-    identical) and did not make lower quantiles pay (sweep set ``s6`` in
-    bench/results/inferred-des/sweeps/), so it stays off."""
-
     def __post_init__(self) -> None:
         if self.group_id_pattern is not None:
             try:

@@ -522,7 +522,7 @@ class Controller:
         if self._held_count >= self.cfg.gateway.max_held_requests:
             raise Overloaded(f"{self._held_count} requests are already held (max_held_requests)",
                              retry_after=self.cfg.gateway.retry_after_seconds)
-        if p.dormant and not p.held and not self.cfg.programs.dormant_keeps_place:
+        if p.dormant and not p.held:
             p.waiting_since = now  # it waits from its request on, not from when it went dormant
         p.hold(now, estimate)
         t.window_mark = self.windows.elapsed(now)

@@ -7,7 +7,8 @@ ranked candidates by idle time; ``2`` also used ``inferred_pause_own_factor`` (a
 the program's own longest tool, since removed, so set 2 no longer runs); ``3`` and later rank
 by idle ÷ longest tool as the code now does (``3.jsonl`` stops before its last row); ``s4`` and
 ``s5`` ran the final code (``s5``: seeds 2 and 3); ``s6`` tried ``dormant_keeps_place`` (a
-dormant program that asks again queues from when it went dormant)."""
+dormant program that asks again queues from when it went dormant; since removed, so ``s6`` no
+longer runs)."""
 
 import json
 import sys
