@@ -383,17 +383,24 @@ def test_an_idle_inferred_program_goes_dormant_gives_back_its_place_and_comes_ba
     assert p.steps == 2
 
 
-def test_while_programs_wait_an_inferred_program_idle_past_its_backends_tools_goes_dormant_first():
-    """Under pressure the rule is quicker: an inferred program idle longer than the 0.98
-    quantile of its backend's tool times (at least 2 s) gives its place to a waiting one,
-    idlest for its longest tool first, one per waiting program; an explicit program is never
-    made dormant."""
+def _two_inferred_and_one_explicit() -> Controller:
+    """A full 3,000-token pool: inferred programs inf-a and inf-b and one explicit, each of
+    800 tokens after one step that ended at t = 1."""
     c = make(hbm=3000)
     for pid, inferred in (("inf-a", True), ("inf-b", True), ("explicit", False)):
         t = Ticket(pid, prompt_chars=3200, inferred=inferred)
         if c.submit(t, 0.0) is None:
             assert t in c.tick(0.0).dispatched
         c.finish(t, 1.0, Usage(800, 10))
+    return c
+
+
+def test_while_programs_wait_an_inferred_program_idle_past_its_backends_tools_goes_dormant_first():
+    """Under pressure the rule is quicker: an inferred program idle longer than the 0.98
+    quantile of its backend's tool times (at least 2 s) gives its place to a waiting one,
+    idlest for its longest tool first, one per waiting program; an explicit program is never
+    made dormant."""
+    c = _two_inferred_and_one_explicit()
     for pid in ("inf-a", "inf-b", "explicit"):
         assert c.programs.get(pid).active
     b = c.backends["http://w0"]
@@ -412,12 +419,7 @@ def test_a_dormant_program_that_asks_again_queues_from_its_request():
     """A dormant program that asks again queues from its request, not from when it went
     dormant: of two made dormant, the one that asks first goes first (counting the wait from
     the pause instead changed nothing in the DES, bench/results/inferred-des/README.md)."""
-    c = make(hbm=3000)
-    for pid, inferred in (("inf-a", True), ("inf-b", True), ("explicit", False)):
-        t = Ticket(pid, prompt_chars=3200, inferred=inferred)
-        if c.submit(t, 0.0) is None:
-            assert t in c.tick(0.0).dispatched
-        c.finish(t, 1.0, Usage(800, 10))
+    c = _two_inferred_and_one_explicit()
     b = c.backends["http://w0"]
     for _ in range(50):
         b.served.tool_hist.add(1.0)
