@@ -284,3 +284,36 @@ def test_weights_updated_behind_the_routers_back_reset_the_kv_accounting(spawn):
     assert httpx.post(u + "/v1/chat/completions", json=chat("a", 2), timeout=60).status_code == 200
     time.sleep(1.0)
     assert version() == "v4" and seen() == 2 and resets("b") == 3  # the router's own reset, once
+
+
+async def test_a_flush_sent_while_a_request_runs_waits_for_it_and_timeout_is_sglangs(rl_cluster):
+    """SGLang refuses ``/flush_cache`` (400) while a request runs or waits. Through thunder a
+    flush waits for the workers to go idle (up to ``FLUSH_BUSY_WAIT_S``), so one sent as the
+    traffic stops succeeds; with SGLang's own ``?timeout=`` the engine decides, and
+    ``timeout=0`` refuses at once, as SGLang does."""
+    sim, router = rl_cluster
+    u = router.url
+    async with httpx.AsyncClient(timeout=60) as http:
+        async def running() -> bool:
+            p = await http.get(u + "/programs/busy")
+            return p.status_code == 200 and p.json()["in_flight"] == 1
+
+        async def start() -> asyncio.Task:
+            task = asyncio.create_task(http.post(u + "/v1/chat/completions", json=chat("busy", 0, max_tokens=600)))
+            for _ in range(400):
+                if await running():
+                    return task
+                await asyncio.sleep(0.01)
+            raise AssertionError("the request never ran")
+
+        task = await start()
+        r = await http.post(u + "/flush_cache?timeout=0")
+        assert r.status_code == 502 and r.json()["status"] == "partial", r.text
+        assert {f["status"] for f in r.json()["failed"]} == {400}
+        assert not task.done()
+        r = await http.post(u + "/flush_cache")
+        assert r.status_code == 200 and r.json()["workers_flushed"] == 2, r.text
+        assert task.done() and (await task).status_code == 200  # answered, not aborted
+        assert (await task).json()["usage"]["completion_tokens"] == 600
+        for bad in ("-1", "soon", "nan", ""):
+            assert_openai_error(await http.post(u + f"/flush_cache?timeout={bad}"), 400)

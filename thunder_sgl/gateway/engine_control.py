@@ -42,8 +42,11 @@ window open behind it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from typing import Any
+from urllib.parse import parse_qs
 
 from thunder_sgl.backends.backend import Backend, PendingWeights
 from thunder_sgl.backends.monitor import Worker
@@ -57,6 +60,18 @@ log = logging.getLogger("thunder_sgl.gateway")
 
 ABORT_TIMEOUT_S = 10.0
 FLUSH_TIMEOUT_S = 60.0
+FLUSH_BUSY_WAIT_S = 10.0
+"""How long a ``/flush_cache`` without SGLang's own ``?timeout=`` keeps asking a worker that
+refused it (SGLang answers 400 while any request runs or waits, and for one loop turn after the
+last one finished), so a flush sent right after the traffic stops is not refused for that."""
+FLUSH_BUSY_POLL_S = 0.25
+
+
+def _seconds(text: str) -> bool:
+    try:
+        return float(text) >= 0  # NaN is not
+    except ValueError:
+        return False
 
 
 class EngineControl:
@@ -337,6 +352,11 @@ class EngineControl:
         urls = [w.url for w in self.gw.monitor.healthy_workers()]
         path = "/flush_cache" + (f"?{query}" if query else "")
         fan = await self.gw.workers.fan_out(urls, "POST", path, None, FLUSH_TIMEOUT_S)
+        asked = parse_qs(query, keep_blank_values=True).get("timeout")
+        if asked is not None and not _seconds(asked[-1]):
+            raise BadRequest(f"timeout must be a number of seconds >= 0, not {asked[-1]!r}", param="timeout")
+        if asked is None:  # with ?timeout= SGLang itself waits for idle
+            fan = await self._flush_busy_again(fan, path)
         kept: list[str] = []
         if fan.ok:
             flushed = {r.worker for r in fan.ok}
@@ -354,6 +374,18 @@ class EngineControl:
         failed = [{"worker": r.worker, "status": r.status, "message": r.message} for r in fan.failed]
         return {"status": "success" if not failed else "partial", "workers_flushed": len(fan.ok),
                 "total_http_workers": len(urls), "failed": failed, "storage_kept": kept}, 200 if not failed else 502
+
+    async def _flush_busy_again(self, fan: FanOut, path: str) -> FanOut:
+        """Ask the workers that refused the flush as busy (HTTP 400) again, every
+        ``FLUSH_BUSY_POLL_S`` for up to ``FLUSH_BUSY_WAIT_S``; their last answers replace the
+        refusals."""
+        replies = {r.worker: r for r in fan.replies}
+        deadline = time.monotonic() + FLUSH_BUSY_WAIT_S
+        while (busy := [w for w, r in replies.items() if r.status == 400]) and time.monotonic() < deadline:
+            await asyncio.sleep(FLUSH_BUSY_POLL_S)
+            again = await self.gw.workers.fan_out(busy, "POST", path, None, FLUSH_TIMEOUT_S)
+            replies.update({r.worker: r for r in again.replies})
+        return FanOut(tuple(replies.values()))
 
     # ---- helpers --------------------------------------------------------------------------
     def _targets(self) -> list[str]:

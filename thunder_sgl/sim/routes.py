@@ -223,9 +223,20 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def flush_cache(request: web.Request) -> web.Response:
     srv = request.app[SIM]
+    try:  # SGLang's ?timeout=: seconds to wait for the worker to go idle (0: refuse at once if busy)
+        timeout = float(request.query.get("timeout", "0"))
+    except ValueError:
+        timeout = -1.0
+    if not timeout >= 0:
+        return error_response("timeout: Input should be a number greater than or equal to 0", 422)
+    deadline = time.monotonic() + timeout
     srv.sync()
-    if not srv.worker.flush_cache():
-        return web.Response(status=400, text="Cache not flushed. Please check the queue or running requests.")
+    while not srv.worker.flush_cache():
+        if time.monotonic() >= deadline:
+            text = "Timed out waiting for idle state." if timeout else "Cache not flushed. Please check the queue or running requests."
+            return web.Response(status=400, text=text)
+        await asyncio.sleep(0.01)
+        srv.sync()
     return web.Response(text="Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n")
 
 
