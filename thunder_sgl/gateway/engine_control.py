@@ -349,12 +349,12 @@ class EngineControl:
     # ---- cache ----------------------------------------------------------------------------
     async def flush(self, query: str) -> tuple[dict[str, Any], int]:
         assert self.gw.monitor is not None
-        urls = [w.url for w in self.gw.monitor.healthy_workers()]
-        path = "/flush_cache" + (f"?{query}" if query else "")
-        fan = await self.gw.workers.fan_out(urls, "POST", path, None, FLUSH_TIMEOUT_S)
         asked = parse_qs(query, keep_blank_values=True).get("timeout")
         if asked is not None and not _seconds(asked[-1]):
             raise BadRequest(f"timeout must be a number of seconds >= 0, not {asked[-1]!r}", param="timeout")
+        urls = [w.url for w in self.gw.monitor.healthy_workers()]
+        path = "/flush_cache" + (f"?{query}" if query else "")
+        fan = await self.gw.workers.fan_out(urls, "POST", path, None, FLUSH_TIMEOUT_S)
         if asked is None:  # with ?timeout= SGLang itself waits for idle
             fan = await self._flush_busy_again(fan, path)
         kept: list[str] = []
