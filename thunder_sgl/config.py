@@ -273,12 +273,15 @@ class ProgramsConfig:
     inferred_idle_tool_factor: float = 4.0
 
     inferred_pause_min_seconds: float = 2.0
-    """An inferred program cannot say it ended. While programs wait with a request, one idle
-    longer than ``inferred_pause_quantile`` of its backend's tool times, and at least this, is
+    """An inferred program cannot say it ended. While programs wait with a request, one idle at
+    least this long whose probability of having ended is at least ``inferred_pause_belief`` is
     paused and waits for its next request (``Program.dormant``) instead of holding its place;
     any is, once idle for ``inferred_pause_seconds``."""
 
-    inferred_pause_quantile: float = 0.98
+    inferred_pause_belief: float = 0.9
+    """P(ended | steps answered, idle time) needed to make an inferred program dormant while
+    others wait (``programs.lengths``): from how many steps programs took before they ended and
+    how long tools last. 0.9: one wrong guess, a live program whose KV goes, per nine right."""
 
     def __post_init__(self) -> None:
         if self.group_id_pattern is not None:
@@ -290,7 +293,7 @@ class ProgramsConfig:
         _check(self.inferred_idle_min_seconds > 0, "programs.inferred_idle_min_seconds must be > 0")
         _check(self.inferred_idle_tool_factor >= 1, "programs.inferred_idle_tool_factor must be >= 1")
         _check(self.inferred_pause_min_seconds > 0, "programs.inferred_pause_min_seconds must be > 0")
-        _check(0 < self.inferred_pause_quantile <= 1, "programs.inferred_pause_quantile must be in (0, 1]")
+        _check(0 < self.inferred_pause_belief <= 1, "programs.inferred_pause_belief must be in (0, 1]")
         _check(self.idle_timeout_seconds > 0, "programs.idle_timeout_seconds must be > 0")
         _check(self.max_programs >= 1, "programs.max_programs must be >= 1")
         _check(self.chars_per_token > 0, "programs.chars_per_token must be > 0")

@@ -395,24 +395,53 @@ def _two_inferred_and_one_explicit() -> Controller:
     return c
 
 
-def test_while_programs_wait_an_inferred_program_idle_past_its_backends_tools_goes_dormant_first():
-    """Under pressure the rule is quicker: an inferred program idle longer than the 0.98
-    quantile of its backend's tool times (at least 2 s) gives its place to a waiting one,
-    idlest for its longest tool first, one per waiting program; an explicit program is never
-    made dormant."""
+def _programs_end_after_one_or_two_steps(c: Controller) -> None:
+    """Teach ``c.lengths`` that programs end after one step half the time (two otherwise)."""
+    for n in (1, 2) * 20:
+        for k in range(1, n + 1):
+            c.lengths.step(k)
+        c.lengths.end(n)
+
+
+def test_while_programs_wait_an_inferred_program_likely_ended_goes_dormant_first():
+    """Under pressure the rule is quicker: an inferred program whose probability of having ended
+    (``programs.lengths``) reaches 0.9 gives its place to a waiting one, one per waiting program,
+    the likeliest first, idle at least 2 s; an explicit program is never made dormant. Before
+    any program has ended nobody is guessed ended."""
     c = _two_inferred_and_one_explicit()
     for pid in ("inf-a", "inf-b", "explicit"):
         assert c.programs.get(pid).active
     b = c.backends["http://w0"]
     for _ in range(50):
-        b.served.tool_hist.add(1.0)  # tools of 1 s: 0.98 quantile ≤ 1.2 s, so the 2 s floor rules
+        b.served.tool_hist.add(1.0)  # tools of 1 s: 2.5 s of silence is past every one of them
     c.programs.get("inf-b").last_active = 2.0  # inf-a has idled longer
     t = ticket("new", 800)
     assert c.submit(t, 3.5) is None  # no room: held
-    res = c.tick(3.5)
+    assert c.tick(3.5).paused == []  # how long programs are is not known yet
+    _programs_end_after_one_or_two_steps(c)
+    assert c.lengths.ended_probability(1, b.served.tool_hist.survival(2.5)) > 0.9
+    res = c.tick(3.6)
     assert [p.id for p in res.paused] == ["inf-a"] and c.programs.get("inf-a").dormant
     assert t in res.dispatched  # its place went to the waiting program in the same tick
     assert c.programs.get("inf-b").active and c.programs.get("explicit").active
+
+
+def test_a_program_that_ends_late_in_a_long_tool_workload_is_not_guessed_ended_early():
+    """The same 2.5 s of silence after the first step, where tools last 1–4 s and programs
+    take about 20 steps: P(ended) is small, so the waiting program waits."""
+    c = _two_inferred_and_one_explicit()
+    b = c.backends["http://w0"]
+    for _ in range(25):
+        for s in (1.0, 2.0, 3.0, 4.0):
+            b.served.tool_hist.add(s)
+    for n in (18, 20, 22) * 10:
+        for k in range(1, n + 1):
+            c.lengths.step(k)
+        c.lengths.end(n)
+    t = ticket("new", 800)
+    assert c.submit(t, 3.5) is None
+    assert c.tick(3.5).paused == []
+    assert c.lengths.ended_probability(1, b.served.tool_hist.survival(2.5)) < 0.1
 
 
 def test_a_dormant_program_that_asks_again_queues_from_its_request():
@@ -423,6 +452,7 @@ def test_a_dormant_program_that_asks_again_queues_from_its_request():
     b = c.backends["http://w0"]
     for _ in range(50):
         b.served.tool_hist.add(1.0)
+    _programs_end_after_one_or_two_steps(c)
     a, bb = c.programs.get("inf-a"), c.programs.get("inf-b")
     bb.last_active = 2.0
     for pid, now, gone in (("new-1", 3.5, a), ("new-2", 5.0, bb)):

@@ -17,6 +17,7 @@ would let the scheduler overcommit by a whole HBM's worth of tokens.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -161,18 +162,22 @@ class ToolTimes:
                 w[i] += 1.0
                 return
 
-    def upper(self, q: float) -> float:
-        """The upper edge of the bin where the share of tool calls reaches ``q`` (0 when none
-        seen): at least the q-quantile of the tool times."""
+    def survival(self, seconds: float) -> float:
+        """The share of tool calls longer than ``seconds`` (1 when none seen), log-linear
+        within the bin that holds it."""
         total = sum(self.weights)
         if total <= 0:
-            return 0.0
-        acc = 0.0
+            return 1.0
+        below = 0.0
+        lo = 0.0
         for edge, w in zip(TOOL_BINS, self.weights, strict=True):
-            acc += w
-            if acc >= q * total:
-                return edge
-        return TOOL_BINS[-1]
+            if seconds < edge:
+                part = math.log(seconds / lo) / math.log(edge / lo) if lo > 0 else max(0.0, seconds) / edge
+                below += w * part
+                return max(0.0, 1.0 - below / total)
+            below += w
+            lo = edge
+        return 0.0
 
     def points(self) -> tuple[tuple[float, float], ...]:
         """(bin middle seconds, share of tool calls) for the bins that hold any."""

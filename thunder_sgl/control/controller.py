@@ -42,6 +42,7 @@ from thunder_sgl.control.tickets import Stats, Ticket, TickResult
 from thunder_sgl.control.windows import Reason, Windows
 from thunder_sgl.errors import BadRequest, Conflict, NoBackend, NotFound, Overloaded
 from thunder_sgl.programs import GroupTable, Program, ProgramState, ProgramTable, Usage
+from thunder_sgl.programs.lengths import ProgramLengths
 from thunder_sgl.scheduler import Decisions, apply, least_loaded, make_policy
 from thunder_sgl.smoothing import ema
 
@@ -81,6 +82,8 @@ class Controller:
         self._last_tick = float("-inf")
         self._kick = False
         self._inferred_live = 0
+        self.lengths = ProgramLengths()
+        """How many steps programs take (``_pause_dormant`` reads it of an idle inferred program)."""
         """Live programs whose ids were inferred (``_pause_dormant`` looks at none otherwise)."""
 
     # ---- backends -----------------------------------------------------------------------
@@ -174,6 +177,8 @@ class Controller:
             self._measure(b, p, t, usage, now)
             self._watch_kv(b, p, usage, idle_at, now)
         p.finish_request(now, usage, self.sched.output_ema_alpha)
+        if usage is not None:
+            self.lengths.step(p.steps)
         p.last_step_backend = b.key if usage is not None and b is not None and p.backend == b.key else None
         p.last_step_end = now
         if usage is not None:
@@ -302,6 +307,7 @@ class Controller:
         if b is not None:  # how many steps programs take (the admission rule tells open streams by it)
             b.served.ended += 1
             b.served.ended_steps += p.steps
+        self.lengths.end(p.steps)
         if p.inferred:
             self._inferred_live -= 1
         self.kvrefs.left(p)
@@ -620,11 +626,12 @@ class Controller:
         without ids cannot say it ended, and until its idle timeout releases it a finished one
         would hold its place and its counted KV. Dormant, it gives both back and waits for its
         next request (then restored as any paused program with a held request). Two rules
-        (``ProgramsConfig``): while programs wait with a request, the inferred programs idle
-        longer than ``inferred_pause_quantile`` of their backend's tool times (at least
-        ``inferred_pause_min_seconds``), one per waiting program, those idle longest for their
-        own longest tool first; and any idle for ``inferred_pause_seconds`` (a multiple of the
-        longest tool it has shown)."""
+        (``ProgramsConfig``): while programs wait with a request, one per waiting program among
+        the inferred programs idle at least ``inferred_pause_min_seconds`` whose probability of
+        having ended (``programs.lengths``: how many steps programs take, against how long
+        tools on their backend last) is at least ``inferred_pause_belief``, the likeliest
+        first; and any idle for ``inferred_pause_seconds`` (a multiple of the longest tool it
+        has shown)."""
         if not self._inferred_live:
             return []
         pc = self.cfg.programs
@@ -641,9 +648,11 @@ class Controller:
             if waiting < 0:
                 waiting = sum(1 for q in self.programs.waiting() if q.held)
             b = self.backends.get(p.backend) if waiting else None  # type: ignore[arg-type]
-            if b is not None and idle > max(pc.inferred_pause_min_seconds,
-                                            b.served.tool_hist.upper(pc.inferred_pause_quantile)):
-                maybe.append((idle / max(p.max_tool_seconds, pc.inferred_pause_min_seconds), p))
+            if b is None or idle <= pc.inferred_pause_min_seconds:
+                continue
+            ended = self.lengths.ended_probability(p.steps, b.served.tool_hist.survival(idle))
+            if ended >= pc.inferred_pause_belief:
+                maybe.append((ended, p))
         maybe.sort(key=lambda x: -x[0])
         out = forced + [p for _, p in maybe[:max(0, waiting)]]
         for p in out:
