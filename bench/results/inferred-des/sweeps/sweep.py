@@ -46,6 +46,9 @@ SETS = {
     "s6": (MINI + CPU, (1, 2), [EXPLICIT] + [("thunder-inferred", k, v) for k, v in {
         "q0.98-place-off": dict(dormant_keeps_place=False), "q0.98-place": {},
         "q0.95-place": dict(inferred_pause_quantile=0.95), "q0.9-place": dict(inferred_pause_quantile=0.9)}.items()]),
+    "s7": (MINI + CPU, (1, 2, 3), [EXPLICIT] + [("thunder-inferred", f"b{b}", dict(inferred_pause_belief=b))
+                                              for b in (0.3, 0.5, 0.7, 0.8, 0.9, 0.95)]),
+    "s8": (MINI + CPU, (1, 2, 3), [EXPLICIT, ("thunder-inferred", "b0.9", {})]),
 }
 
 if __name__ == "__main__":
