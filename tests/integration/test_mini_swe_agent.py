@@ -44,8 +44,13 @@ def test_32_agents_sharing_a_system_prompt_and_a_task_are_never_misattributed(th
     n = 32
     run_agents(router.url, tasks(1, "z") * n, STEPS, "tiny", threads=16)
     progs = programs(router.url)
-    assert len(progs) == n and all(p["inferred"] and p["steps"] == 1 for p in progs)
+    assert len(progs) == n and all(p["inferred"] for p in progs)
     m = metrics(router.url)
-    assert m['thunder_inferred_requests_total{result="new"}'] == n
-    assert m['thunder_inferred_requests_total{result="matched"}'] == 0
-    assert m['thunder_inferred_requests_total{result="ambiguous"}'] == n * (STEPS - 1)
+    new = m['thunder_inferred_requests_total{result="new"}']
+    matched = m['thunder_inferred_requests_total{result="matched"}']
+    ambiguous = m['thunder_inferred_requests_total{result="ambiguous"}']
+    assert new == n and matched + ambiguous == n * (STEPS - 1)
+    # On a busy machine an agent's second request can arrive while its program is the only
+    # one yet started: it continues that one alone and is matched, rightly. Every other
+    # continuation is ambiguous and counted on no program.
+    assert matched <= n and sum(p["steps"] for p in progs) == n + matched
