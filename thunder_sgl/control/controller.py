@@ -82,9 +82,9 @@ class Controller:
         self._last_tick = float("-inf")
         self._kick = False
         self._inferred_live = 0
+        """Live programs whose ids were inferred (``_pause_dormant`` looks at none otherwise)."""
         self.lengths = ProgramLengths()
         """How many steps programs take (``_pause_dormant`` reads it of an idle inferred program)."""
-        """Live programs whose ids were inferred (``_pause_dormant`` looks at none otherwise)."""
 
     # ---- backends -----------------------------------------------------------------------
     def add_backend(self, b: Backend) -> None:
@@ -177,12 +177,11 @@ class Controller:
             self._measure(b, p, t, usage, now)
             self._watch_kv(b, p, usage, idle_at, now)
         p.finish_request(now, usage, self.sched.output_ema_alpha)
-        if usage is not None:
-            self.lengths.step(p.steps)
         p.last_step_backend = b.key if usage is not None and b is not None and p.backend == b.key else None
         p.last_step_end = now
         if usage is not None:
             p.last_step_prompt = usage.prompt_tokens
+            self.lengths.step(p.steps)
             self._learn_sizes(p, t, usage, first)
         if usage is not None and usage.weight_version is not None and b is not None:
             self.weight_version_seen(b, usage.weight_version, now)
