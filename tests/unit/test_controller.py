@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from thunder_sgl.backends import Backend, Tiers
+from thunder_sgl.backends.backend import TOOL_BINS
 from thunder_sgl.config import GatewayConfig, ProgramsConfig, RouterConfig, SchedulerConfig
 from thunder_sgl.control.controller import Controller
 from thunder_sgl.control.tickets import Ticket
@@ -413,13 +414,13 @@ def test_while_programs_wait_an_inferred_program_likely_ended_goes_dormant_first
         assert c.programs.get(pid).active
     b = c.backends["http://w0"]
     for _ in range(50):
-        b.served.tool_hist.add(1.0)  # tools of 1 s: 2.5 s of silence is past every one of them
+        b.served.returns.add(1.0)  # tools of 1 s: 2.5 s of silence is past every one of them
     c.programs.get("inf-b").last_active = 2.0  # inf-a has idled longer
     t = ticket("new", 800)
     assert c.submit(t, 3.5) is None  # no room: held
     assert c.tick(3.5).paused == []  # how long programs are is not known yet
     _programs_end_after_one_or_two_steps(c)
-    assert c.lengths.ended_probability(1, b.served.tool_hist.survival(2.5)) > 0.9
+    assert c.lengths.ended_probability(1, b.served.returns.survival(2.5)) > 0.9
     res = c.tick(3.6)
     assert [p.id for p in res.paused] == ["inf-a"] and c.programs.get("inf-a").dormant
     assert t in res.dispatched  # its place went to the waiting program in the same tick
@@ -433,7 +434,7 @@ def test_a_program_that_ends_late_in_a_long_tool_workload_is_not_guessed_ended_e
     b = c.backends["http://w0"]
     for _ in range(25):
         for s in (1.0, 2.0, 3.0, 4.0):
-            b.served.tool_hist.add(s)
+            b.served.returns.add(s)
     for n in (18, 20, 22) * 10:
         for k in range(1, n + 1):
             c.lengths.step(k)
@@ -441,7 +442,7 @@ def test_a_program_that_ends_late_in_a_long_tool_workload_is_not_guessed_ended_e
     t = ticket("new", 800)
     assert c.submit(t, 3.5) is None
     assert c.tick(3.5).paused == []
-    assert c.lengths.ended_probability(1, b.served.tool_hist.survival(2.5)) < 0.1
+    assert c.lengths.ended_probability(1, b.served.returns.survival(2.5)) < 0.1
 
 
 def test_a_dormant_program_that_asks_again_queues_from_its_request():
@@ -451,7 +452,7 @@ def test_a_dormant_program_that_asks_again_queues_from_its_request():
     c = _two_inferred_and_one_explicit()
     b = c.backends["http://w0"]
     for _ in range(50):
-        b.served.tool_hist.add(1.0)
+        b.served.returns.add(1.0)
     _programs_end_after_one_or_two_steps(c)
     a, bb = c.programs.get("inf-a"), c.programs.get("inf-b")
     bb.last_active = 2.0
@@ -464,3 +465,25 @@ def test_a_dormant_program_that_asks_again_queues_from_its_request():
     assert c.submit(Ticket("inf-a", prompt_chars=3600, inferred=True), 7.0) is None
     assert (a.waiting_since, bb.waiting_since) == (7.0, 6.0)
     assert [p.id for p in queue.order(c.programs.waiting(), c.cfg.scheduler)] == ["inf-b", "inf-a"]
+
+
+def test_a_program_paused_in_a_long_tool_counts_its_whole_silence_in_returns():
+    """The dormant rule reads how long live clients stay silent (``Served.returns``), measured
+    when the next request arrives: a program made dormant 1 s after its answer, that asks
+    again at t = 31 while still dormant, shows 30 s there and as its longest silence (measured
+    at its dispatch after the restore, as ``tool_hist`` is, it would show almost none)."""
+    c = _two_inferred_and_one_explicit()
+    b = c.backends["http://w0"]
+    for _ in range(50):
+        b.served.returns.add(1.0)
+    _programs_end_after_one_or_two_steps(c)
+    a = c.programs.get("inf-a")
+    assert c.submit(ticket("new", 800), 3.5) is None
+    assert c.tick(3.5).paused == [a] and a.dormant
+    t = Ticket("inf-a", prompt_chars=3600, inferred=True)
+    before = list(b.served.returns.weights)
+    assert c.submit(t, 31.0) is None  # dormant: held until it is placed again
+    assert a.max_tool_seconds == 30.0
+    added = [i for i, (x, y) in enumerate(zip(before, b.served.returns.weights, strict=True)) if y > x * 0.995 + 1e-9]
+    assert len(added) == 1 and TOOL_BINS[added[0] - 1] < 30.0 <= TOOL_BINS[added[0]]
+    assert b.served.returns.survival(20.0) > 0

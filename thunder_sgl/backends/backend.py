@@ -222,7 +222,12 @@ class Served:
     tool_s: float = 0.0
     """EMA of the tool time between a program's requests."""
     tool_hist: ToolTimes = field(default_factory=lambda: ToolTimes())
-    """The tool times' distribution (recent ones weigh most): how long KV sits idle."""
+    """The tool times' distribution (recent ones weigh most): how long KV sits idle. Measured
+    at dispatch: a program paused in its tool counts from its restore."""
+    returns: ToolTimes = field(default_factory=lambda: ToolTimes())
+    """The times from an answer to the program's next request, measured at its arrival (pauses,
+    restores and holds do not cut them short): how long a live client stays silent, which the
+    dormant rule of inferred programs reads (``programs.lengths``)."""
 
     def occupied(self, now: float) -> float:
         """Seconds with at least one request in flight, up to ``now``."""

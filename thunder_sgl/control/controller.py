@@ -136,6 +136,8 @@ class Controller:
                 "an agent program sends one request at a time",
                 code="program_busy",
             )
+        if p.steps:
+            self._returned(p, now)
         t.program = p
         cap = t.max_output or 0
         if cap != p.output_cap:
@@ -509,7 +511,7 @@ class Controller:
         b = self.backends[p.backend]  # type: ignore[index]
         returning = p.steps > 0 and p.in_flight == 0
         p.start_request(now, estimate)
-        if returning:  # the tool time since its last step (start_request measured it)
+        if returning:  # the tool time since its last step or its restore (start_request measured it)
             b.served.tool_s = ema(b.served.tool_s, p.last_tool_seconds, self.sched.admission.cost_ema_alpha)
             b.served.tool_hist.add(p.last_tool_seconds)
         b.sent(now)
@@ -517,6 +519,18 @@ class Controller:
         t.backend, t.dispatched_at = b, now
         t.session_id = self.kvrefs.session_for(p, b)
         return b
+
+    def _returned(self, p: Program, now: float) -> None:
+        """p's next request arrived: its time since its last answer (whether or not it was
+        paused, restored or held since) goes to ``returns`` of the backend it ran on, which the
+        inferred-program rules read. ``tool_hist`` (the goodput model's, measured at dispatch)
+        counts a program paused in a long tool only from its restore, so its tail misses the
+        long tools, the ones that get paused: read for the dormant rule, it made a third of the
+        guesses wrong on mini-swe-agent (bench/results/inferred-des/README.md)."""
+        tool = p.returned(now)
+        b = self.backends.get(p.backend if p.backend is not None else p.prev_backend)  # type: ignore[arg-type]
+        if b is not None:
+            b.served.returns.add(tool)
 
     def _dispatch_stateless(self, t: Ticket, b: Backend, now: float) -> Backend:
         b.sent(now)
@@ -649,7 +663,7 @@ class Controller:
             b = self.backends.get(p.backend) if waiting else None  # type: ignore[arg-type]
             if b is None or idle <= pc.inferred_pause_min_seconds:
                 continue
-            ended = self.lengths.ended_probability(p.steps, b.served.tool_hist.survival(idle))
+            ended = self.lengths.ended_probability(p.steps, b.served.returns.survival(idle))
             if ended >= pc.inferred_pause_belief:
                 maybe.append((ended, p))
         maybe.sort(key=lambda x: -x[0])

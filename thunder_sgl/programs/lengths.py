@@ -13,7 +13,8 @@ last answer it simply stops asking. The router sees a program idle for ``t`` sec
   with few programs does not swing it. Counts decay by ``KEEP`` per end, so the last few hundred
   programs count;
 - the tool-time survival ``S(t)``: the share of tool calls longer than ``t``
-  (``backends.backend.ToolTimes.survival``, from the tools that did come back).
+  (``ToolTimes.survival`` of ``Served.returns``: answer to next request, measured when the
+  request arrives, so a program paused in a long tool still counts the whole of it).
 
 Bayes then gives the probability that the program ended::
 

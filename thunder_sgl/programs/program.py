@@ -103,7 +103,8 @@ class Program:
     total_tool_seconds: float = 0.0
     last_tool_seconds: float = 0.0
     max_tool_seconds: float = 0.0
-    """The longest tool time seen (an inferred program's idle timeout is derived from it)."""
+    """The longest time from an answer to its next request (``returned``; an inferred program's
+    idle timeout is derived from it)."""
     inferred: bool = False
     """Its id was inferred from its requests' messages (``control.conversations``)."""
     dormant: bool = False
@@ -128,7 +129,7 @@ class Program:
     pause, a failed request, a KV reset): the engine should hold that step's KV
     (``control.kvdrop``)."""
     last_step_end: float = 0.0
-    """When its last completed step ended."""
+    """When its last request ended (completed, failed or aborted)."""
     last_step_prompt: int = 0
     """Prompt tokens of its last completed step."""
     sandboxes: list[str] = field(default_factory=list)
@@ -201,10 +202,7 @@ class Program:
         """A request is dispatched to the backend: the program is reasoning."""
         self._require(self.state is ProgramState.ACTIVE, "start_request")
         if self.phase is Phase.ACTING and self.in_flight == 0 and self.steps > 0:
-            tool = max(0.0, now - self.acting_since)
-            self.last_tool_seconds = tool
-            if tool > self.max_tool_seconds:
-                self.max_tool_seconds = tool
+            self.last_tool_seconds = max(0.0, now - self.acting_since)
         self.in_flight += 1
         self.phase = Phase.REASONING
         self.pending_prompt_tokens = max(self.pending_prompt_tokens, prompt_estimate)
@@ -229,6 +227,16 @@ class Program:
             self.acting_since = now
             self.pending_prompt_tokens = 0
         self.last_active = now
+
+    def returned(self, now: float) -> float:
+        """Its next request arrived: the client's time since the last answer (its tool, and
+        whatever else the agent did), measured at arrival, so that a pause, a restore or a
+        hold in between does not cut it short (``last_tool_seconds`` runs from the restore).
+        Returns it."""
+        tool = max(0.0, now - self.last_step_end)
+        if tool > self.max_tool_seconds:
+            self.max_tool_seconds = tool
+        return tool
 
     def hold(self, now: float, prompt_estimate: int) -> None:
         """A request of this program is held by the router (the program is paused or queued)."""

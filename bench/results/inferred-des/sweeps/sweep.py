@@ -8,7 +8,9 @@ the program's own longest tool, since removed, so set 2 no longer runs); ``3`` a
 by idle ÷ longest tool as the code now does (``3.jsonl`` stops before its last row); ``s4`` and
 ``s5`` ran the final code (``s5``: seeds 2 and 3); ``s6`` tried ``dormant_keeps_place`` (a
 dormant program that asks again queues from when it went dormant; since removed, so ``s6`` no
-longer runs)."""
+longer runs). ``s7`` scanned the belief of the
+probability rule, ``s8`` ran its default, ``s9`` the same after the silences were taken at the
+request's arrival (``Served.returns``)."""
 
 import json
 import sys
@@ -49,6 +51,8 @@ SETS = {
     "s7": (MINI + CPU, (1, 2, 3), [EXPLICIT] + [("thunder-inferred", f"b{b}", dict(inferred_pause_belief=b))
                                               for b in (0.3, 0.5, 0.7, 0.8, 0.9, 0.95)]),
     "s8": (MINI + CPU, (1, 2, 3), [EXPLICIT, ("thunder-inferred", "b0.9", {})]),
+    "s9": (MINI + CPU, (1, 2, 3), [EXPLICIT] + [("thunder-inferred", f"b{b}", dict(inferred_pause_belief=b))
+                                              for b in (0.9, 0.8, 0.7)]),
 }
 
 if __name__ == "__main__":
