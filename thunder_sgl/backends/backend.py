@@ -223,7 +223,12 @@ class Served:
     """EMA of the tool time between a program's requests."""
     tool_hist: ToolTimes = field(default_factory=lambda: ToolTimes())
     """The tool times' distribution (recent ones weigh most): how long KV sits idle. Measured
-    at dispatch: a program paused in its tool counts from its restore."""
+    at dispatch: a program paused in its tool counts from its restore. That is the goodput
+    model's loop, which counts admitted programs only (a paused one is not in its n, nor its
+    pause in the measured cycle). Read from ``returns`` instead (the client's whole silence),
+    the model saw admitted programs idle longer than they are and probed levels that lost:
+    ToolOrchestra DES, 8 seeds, N = 24/32/48 at 0.898/0.892/0.878 of the bound against
+    0.899/0.893/0.892 (``bench/toolorchestra_seeds.py``, 2026-12-06)."""
     returns: ToolTimes = field(default_factory=lambda: ToolTimes())
     """The times from an answer to the program's next request, measured at its arrival (pauses,
     restores and holds do not cut them short): how long a live client stays silent, which the
