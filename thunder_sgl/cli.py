@@ -101,6 +101,9 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
                    help="real mode: SGLang's real HiCache on every engine, host tier R x the KV pool (R > 1)")
     p.add_argument("--hicache-write-policy", choices=("write_through", "write_back"), default="write_through",
                    help="real mode with --hicache-ratio: the write policy")
+    p.add_argument("--hicache-storage", action="store_true",
+                   help="real mode with --hicache-ratio: SGLang's file storage tier under the host tier, "
+                        "empty at every run (the engines restart before each run)")
     p.add_argument("--name", default="", help="results directory name (default: <profile>-<cluster>-<nodes>n-<mode>)")
     p.add_argument("--out", type=Path, default=d.out, help="parent of the results directory")
     p.add_argument("--sample-every", type=float, default=d.sample_every_s, help="per-node memory sampling, simulated seconds")
@@ -188,6 +191,7 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
                          router_args=router_args, model=args.model,  # type: ignore[arg-type]
                          max_total_tokens=args.max_total_tokens, engine_threads=args.engine_threads,
                          hicache_ratio=args.hicache_ratio, hicache_write_policy=args.hicache_write_policy,
+                         hicache_storage=args.hicache_storage,
                          rollout=rollout, warm_start=args.warm_start, trace=args.trace,
                          trace_speed=args.trace_speed, trace_limit=args.trace_limit,
                          trace_drain_s=args.trace_drain, ttft_slo_s=args.ttft_slo,

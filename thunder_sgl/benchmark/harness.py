@@ -109,6 +109,9 @@ class BenchSpec:
     (``engine serve --hicache-ratio``); None: off."""
     hicache_write_policy: str = "write_through"
     """Real mode with HiCache: its write policy."""
+    hicache_storage: bool = False
+    """Real mode with HiCache: the file storage tier too, in an empty directory for every run
+    (storage outlives ``/flush_cache`` and restarts, so each run starts its engines afresh)."""
     rollout: RolloutSpec | None = None
     """An RL rollout instead of the closed loop (``rollout.spec``). Sync: ``programs`` is the
     batch (tasks × group size), ``duration_s`` a cap on the simulated time, no warm-up."""
@@ -147,6 +150,8 @@ class BenchSpec:
             raise ValueError("real mode runs in real time: --time-scale must be 1")
         if self.hicache_ratio is not None and (self.mode != "real" or not self.hicache_ratio > 1.0):
             raise ValueError("--hicache-ratio is for real mode (simulated clusters name a -hicache config) and must be > 1")
+        if self.hicache_storage and self.hicache_ratio is None:
+            raise ValueError("--hicache-storage needs --hicache-ratio (the storage tier sits under the host tier)")
         if self.trace and (self.rollout is not None or self.warm_start):
             raise ValueError("--trace replays a trace: no --rollout, no --warm-start")
         if self.trace and (self.trace_speed <= 0 or self.trace_drain_s < 0 or self.trace_token_scale < 1
@@ -274,7 +279,10 @@ class _HttpRunner:
             from thunder_sgl.benchmark.drivers.real_mode import RealCluster
             from thunder_sgl.engine.serve import HiCacheOptions
 
-            hicache = HiCacheOptions(spec.hicache_ratio, spec.hicache_write_policy) if spec.hicache_ratio else None
+            hicache = None
+            if spec.hicache_ratio:
+                hicache = HiCacheOptions(spec.hicache_ratio, spec.hicache_write_policy,
+                                         self.tmp / "hicache-storage" if spec.hicache_storage else None)
             self.cluster = RealCluster(spec.nodes, spec.model, spec.max_total_tokens, self.tmp,
                                        threads=spec.engine_threads, hicache=hicache)
         else:

@@ -3,12 +3,16 @@
 The engines (``thunder_sgl.engine``) start once per sweep — ``--nodes`` servers with the
 sweep's model and KV pool, session radix cache on, and with ``--hicache-ratio R`` SGLang's real
 HiCache host tier (the CPU patches of ``engine/cpu_hicache``) for every router — and are made clean (idle, flushed, nothing
-used) before every run, exactly as the simulated cluster in HTTP mode. Time is real: the time
-scale is 1, warm-up and duration are wall seconds. A server that died is restarted.
+used) before every run, exactly as the simulated cluster in HTTP mode. With a file storage tier
+(``--hicache-storage``) they restart before every run instead, on an empty storage directory:
+``/flush_cache`` does not clear that tier, and it outlives a restart, so a run would find the
+previous router's KV there. Time is real: the time scale is 1, warm-up and duration are wall
+seconds. A server that died is restarted.
 """
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,9 +33,15 @@ class RealCluster:
     cluster: EngineCluster | None = None
 
     def ensure(self) -> EngineCluster:
-        if self.cluster is None or not self.cluster.alive():
+        """The engines for the next run (see the module header)."""
+        storage = self.hicache.storage_dir if self.hicache is not None else None
+        if self.cluster is None or not self.cluster.alive() or storage is not None:
             if self.cluster is not None:
                 self.cluster.stop()
+                self.cluster = None
+            if storage is not None:
+                shutil.rmtree(storage, ignore_errors=True)
+                storage.mkdir(parents=True)
             env = EngineEnv.locate()
             opts = EngineOptions(model=env.model(self.model, self.seed), max_total_tokens=self.max_total_tokens,
                                  threads=self.threads, hicache=self.hicache)
