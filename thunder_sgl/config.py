@@ -185,7 +185,9 @@ class SchedulerConfig:
 
     reserve_after_seconds: float = 60.0
     """When the head of the queue has waited this long and fits nowhere, nothing behind it is
-    placed until it fits (head-of-line reservation: bounds every program's wait)."""
+    placed until it fits (head-of-line reservation: bounds every program's wait); one that only
+    the HBM condition keeps out is placed by the pool alone. A request held at the HBM condition
+    this long makes newer requests of its backend wait behind it (``scheduler.gate``)."""
 
     groups: bool = True
     """Count group members' shared task prompt once per backend, place members together when

@@ -124,6 +124,28 @@ def test_hbm_gate_holds_a_request_until_a_running_one_finishes():
     assert c.finish(ta, 2.0, Usage(1500, 100)) == [tb]
 
 
+def test_a_request_held_at_the_hbm_gate_past_the_reservation_age_is_not_overtaken():
+    """First fit at the HBM condition, until a held request has waited ``reserve_after_seconds``:
+    b's large request waits while a runs; c's small one, which fits beside a, goes past it at
+    t = 30; a's next one, at t = 62, waits behind b, held 61 s by then (letting it pass starved b
+    for as long as small requests kept the room taken); when c ends, b goes, and a follows."""
+    c = make()
+    c.backends.clear()
+    c.add_backend(Backend("http://w0", 0, Tiers(hbm_tokens=3000, host_tokens=27_000, host_inclusive=False)))
+    c.kvdrop.confirm = 0  # no cached tokens reported here: not a dropped cache
+    for pid in ("a", "b", "c"):
+        step(c, pid, 500, 100, 0.0)
+    ta, tb, tc = ticket("a", 1200), ticket("b", 2000), ticket("c", 1000)
+    assert c.submit(ta, 1.0) is not None
+    assert c.submit(tb, 1.0) is None                   # 1300 + 2100 > 3000
+    assert c.submit(tc, 30.0) is not None              # 1300 + 1100 fits: first fit, b held 29 s
+    assert c.finish(ta, 40.0, Usage(1200, 100)) == []  # 1100 + 2100 > 3000: b still waits
+    ta2 = ticket("a", 1200)
+    assert c.submit(ta2, 62.0) is None                 # 1100 + 1300 fits, but b has waited 61 s
+    assert c.finish(tc, 63.0, Usage(1000, 100)) == [tb]
+    assert c.finish(tb, 64.0, Usage(2000, 100)) == [ta2]
+
+
 def test_a_new_programs_output_is_sized_at_most_its_max_tokens_until_it_has_its_own():
     """Before a program's first answer its output is the default (100 here), bounded by the
     max_tokens its request asks: a burst of new programs asking 40 tokens each is admitted as
@@ -488,3 +510,34 @@ def test_a_program_paused_in_a_long_tool_counts_its_whole_silence_in_returns():
     added = [i for i, (x, y) in enumerate(zip(before, b.served.returns.weights, strict=True)) if y > x * keep + 1e-9]
     assert len(added) == 1 and TOOL_BINS[added[0] - 1] < 30.0 <= TOOL_BINS[added[0]]
     assert b.served.returns.survival(20.0) > 0
+
+
+def test_a_new_program_the_hbm_condition_keeps_out_waits_at_most_the_reservation_age():
+    """Two programs cycle so that one of them always holds the HBM room a large new request
+    would need. Before ``reserve_after_seconds`` the new program waits; then it is placed by the
+    pool alone, its request goes first in line, and the cycling programs' next requests wait
+    behind it (it waited for ever before: the real CPU engine with the file tier held such
+    first requests 120–300 s)."""
+    c = make()
+    c.backends.clear()
+    c.add_backend(Backend("http://w0", 0, Tiers(hbm_tokens=3000, host_tokens=27_000, host_inclusive=False)))
+    c.kvdrop.confirm = 0
+    for pid in ("a", "b"):
+        step(c, pid, 500, 100, 0.0)
+    big = ticket("big", 2000)
+    current: dict[str, Ticket] = {}
+    now, k = 1.0, 0
+    while now < 90.0 and big.dispatched_at is None:
+        if k == 4:
+            assert c.submit(big, now) is None  # t = 4: a's or b's request always in flight
+        c.tick(now)
+        pid = ("a", "b")[k % 2]  # a and b overlap: each runs 1.5 s, one starts every 0.75 s
+        t = current.get(pid)
+        if t is not None and t.dispatched_at is not None:
+            c.finish(t, now, Usage(1200, 100, 1100))
+            t = None
+        if t is None:
+            current[pid] = ticket(pid, 1200)
+            c.submit(current[pid], now)
+        now, k = now + 0.75, k + 1
+    assert big.dispatched_at is not None and 64.0 <= big.dispatched_at <= 67.0, big.dispatched_at  # 4 + 60 s

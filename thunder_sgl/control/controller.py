@@ -147,7 +147,7 @@ class Controller:
             b = self.backends.get(p.backend)  # type: ignore[arg-type]
             if b is not None and b.engine_paused:
                 self.stats.engine_paused_held += 1  # held until the engine continues (engine_resumed)
-            elif self._gate_open(p, estimate):
+            elif self._gate_open(p, estimate, now):
                 if b is None or b.weights_pending is None:
                     return self._dispatch(t, p, now, estimate)
                 # its worker failed a weight update since the last tick: nothing goes there; the
@@ -493,11 +493,20 @@ class Controller:
         cpt = p.chars_per_token if p.chars_per_token > 0 else self.cfg.programs.chars_per_token
         return int(t.prompt_chars / cpt)
 
-    def _gate_open(self, p: Program, estimate: int) -> bool:
-        """The scheduler's HBM condition (``scheduler.gate.RequestGate``) for p's request."""
+    def _gate_open(self, p: Program, estimate: int, now: float) -> bool:
+        """The scheduler's HBM condition (``scheduler.gate.RequestGate``) for p's request, which
+        waits behind any other request of the same backend held at it for
+        ``reserve_after_seconds`` or longer (``gate``: a long waiter reserves)."""
         if p.backend is None:
             return True
-        return self.policy.gate.admits(p, estimate, self.backends.get(p.backend), self.programs.placed_on(p.backend))
+        queued = False
+        if self._held:
+            since = now - self.sched.reserve_after_seconds
+            held = self._held
+            queued = any(q is not p and q.held and not q.in_flight and q.id in held and held[q.id][0].created <= since
+                         for q in self.programs.placed_on(p.backend))
+        return self.policy.gate.admits(p, estimate, self.backends.get(p.backend), self.programs.placed_on(p.backend),
+                                       queued)
 
     def session_for(self, t: Ticket) -> str | None:
         """The ``session_id`` a request of the dispatched ticket's program would carry now
@@ -603,7 +612,7 @@ class Controller:
         if not q or p.state is not ProgramState.ACTIVE or p.in_flight:
             return []
         est = self._estimate(p, q[0])
-        if not self._gate_open(p, est):
+        if not self._gate_open(p, est, now):
             return []
         return [self._take(p, now, est)]
 

@@ -159,6 +159,10 @@ def place(now: float, waiting: list[Program], open_loads: dict[str, BackendLoad]
         target = None
         if e.need <= best and e.hbm_need <= best_hbm:
             target = picker.pick(p, e.cost, open_loads, rooms, gate)
+        elif e.gated and e.need <= best and now - e.waited_from >= reserve_after:
+            # only the HBM condition keeps a long waiter out: placed by the pool alone, its
+            # request waits at the gate first in line (queue's header: bounded waits)
+            target = picker.pick(p, e.cost, open_loads, rooms, False)
         else:
             skipped += 1
             if skipped >= PRUNE_AFTER and len(heap) > PRUNE_AFTER:

@@ -11,7 +11,11 @@ the group's last member, and that member goes before newer work. Aging makes eve
 has waited longer than anyone's head start ranks first whatever its class.
 
 A program that has waited ``reserve_after_seconds`` and fits nowhere *reserves*: nothing behind
-it is placed, so capacity accumulates for it. ``build`` also drops entries that cannot fit this
+it is placed, so capacity accumulates for it. One that fits a pool but not the HBM condition
+(tier-aware, a held request) would not: the requests of the programs already placed keep taking
+the HBM room as it frees, so once it has waited that long it is placed by the pool alone
+(``placement.place``) and its request waits at that backend's gate, first in line (``gate``:
+first come, first served). Its need is counted as ungated in ``Smallest`` for that. ``build`` also drops entries that cannot fit this
 tick — larger than the most room of any open backend, pool or (gated) HBM; rooms only shrink
 while placing — but keeps the best-ordered long waiter among them, so it still reserves.
 
@@ -171,8 +175,17 @@ def build(waiting: Iterable[Program], cfg: SchedulerConfig, now: float, room: fl
         heap.append(it)
     if blocker is not None:
         heap.append(blocker)
+        _add_aged(smallest, blocker, room, gate)
     heapq.heapify(heap)
     return heap, smallest
+
+
+def _add_aged(smallest: Smallest, it: Waiting, room: float, gate: bool) -> None:
+    """The reserving long waiter, when only the HBM condition keeps it out: it is placed by the
+    pool alone (module header), so its need counts as ungated."""
+    need, hneed, _ = _needs(it, gate)
+    if need <= room and hneed != -INF:
+        smallest.add(need, -INF)
 
 
 def prune(heap: list[Waiting], room: float, hbm_room: float, now: float,
@@ -194,5 +207,6 @@ def prune(heap: list[Waiting], room: float, hbm_room: float, now: float,
             blocker = it
     if blocker is not None:
         keep.append(blocker)
+        _add_aged(smallest, blocker, room, gate)
     heapq.heapify(keep)
     return keep, smallest

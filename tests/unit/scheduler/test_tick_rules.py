@@ -287,13 +287,27 @@ def test_head_of_line_reservation_stops_placements_behind_a_long_waiter():
     assert d.placements == () and d.reserved_for == "big"
 
 
-def test_a_long_waiter_held_back_only_by_the_hbm_condition_also_reserves():
+def test_a_long_waiter_held_back_only_by_the_hbm_condition_is_placed_by_the_pool_alone():
+    """Reserving would not help it: the placed programs' requests keep taking the HBM room as it
+    frees. Past ``reserve_after_seconds`` it is placed where the pool has room, ahead of what
+    waited less, and its request waits at that backend's gate first in line (the controller's
+    first come, first served)."""
     t = ProgramTable()
     b = backend("b", 1000, host=4000, inclusive=False)  # pool 5000, HBM 1000
     active(t, "r", b, 700, reasoning=True)               # reasoning KV 701
     paused(t, "big", b, 400, since=0.0, held=1)          # pool has room, HBM does not (701 + 401 > 1000)
     paused(t, "small", b, 100, since=50.0)               # idle: not gated, fits
     assert [p.program_id for p in policy(hbm_lambda=1.0).tick(55.0, t, [b]).placements] == ["small"]
+    d = policy(hbm_lambda=1.0).tick(61.0, t, [b])
+    assert [p.program_id for p in d.placements] == ["big", "small"] and d.reserved_for is None
+
+
+def test_a_long_waiter_that_no_pool_has_room_for_still_reserves():
+    t = ProgramTable()
+    b = backend("b", 1000, host=1000, inclusive=False)   # pool 2000, HBM 1000
+    active(t, "r", b, 1500, reasoning=True)
+    paused(t, "big", b, 800, since=0.0, held=1)          # 1501 + 801 > 2000: the pool has no room
+    paused(t, "small", b, 100, since=50.0)
     d = policy(hbm_lambda=1.0).tick(61.0, t, [b])
     assert d.placements == () and d.reserved_for == "big"
 
