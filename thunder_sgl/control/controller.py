@@ -499,14 +499,14 @@ class Controller:
         ``reserve_after_seconds`` or longer (``gate``: a long waiter reserves)."""
         if p.backend is None:
             return True
+        placed = self.programs.placed_on(p.backend)
+        held = self._held
         queued = False
-        if self._held:
+        if held and self.sched.tier_aware:  # only the tier-aware policy gates: no scan otherwise
             since = now - self.sched.reserve_after_seconds
-            held = self._held
             queued = any(q is not p and q.held and not q.in_flight and q.id in held and held[q.id][0].created <= since
-                         for q in self.programs.placed_on(p.backend))
-        return self.policy.gate.admits(p, estimate, self.backends.get(p.backend), self.programs.placed_on(p.backend),
-                                       queued)
+                         for q in placed)
+        return self.policy.gate.admits(p, estimate, self.backends.get(p.backend), placed, queued)
 
     def session_for(self, t: Ticket) -> str | None:
         """The ``session_id`` a request of the dispatched ticket's program would carry now

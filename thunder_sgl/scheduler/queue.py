@@ -16,8 +16,9 @@ it is placed, so capacity accumulates for it. One that fits a pool but not the H
 the HBM room as it frees, so once it has waited that long it is placed by the pool alone
 (``placement.place``) and its request waits at that backend's gate, first in line (``gate``: a
 request held that long makes newer ones wait behind it). Its need is counted as ungated in
-``Smallest`` for that. ``build`` also drops entries that cannot fit this tick — larger than the most room of any open backend, pool or (gated) HBM; rooms only shrink
-while placing — but keeps the best-ordered long waiter among them, so it still reserves.
+``Smallest`` for that. ``build`` also drops entries that cannot fit this tick — larger than the
+most room of any open backend, pool or (gated) HBM; rooms only shrink while placing — but keeps
+the best-ordered long waiter among them, so it still reserves.
 
 The heap holds ``Waiting`` items — named tuples whose sort keys come first, so the heap
 compares them in C — and ``QueueEntry`` adds what placement needs to the one taken off the heap

@@ -290,8 +290,8 @@ def test_head_of_line_reservation_stops_placements_behind_a_long_waiter():
 def test_a_long_waiter_held_back_only_by_the_hbm_condition_is_placed_by_the_pool_alone():
     """Reserving would not help it: the placed programs' requests keep taking the HBM room as it
     frees. Past ``reserve_after_seconds`` it is placed where the pool has room, ahead of what
-    waited less, and its request waits at that backend's gate first in line (the controller's
-    first come, first served)."""
+    waited less, and its request waits at that backend's gate first in line (a request held
+    that long makes newer ones wait behind it: ``scheduler.gate``)."""
     t = ProgramTable()
     b = backend("b", 1000, host=4000, inclusive=False)  # pool 5000, HBM 1000
     active(t, "r", b, 700, reasoning=True)               # reasoning KV 701
