@@ -74,6 +74,11 @@ class AdmissionConfig:
     """goodput: every other probe down goes straight to the watermarks, and when they win the
     level falls back there. Off by default: from a high level it pauses most programs at once."""
 
+    calibrate: bool = True
+    """goodput: rate level 0 and the levels above it by what each measured against what the
+    model predicted there (``goodput._calibration``). Off: the model's predictions as they are,
+    corrected only by probes."""
+
     probe_up: str = "idle"
     """goodput: probes of levels above the model's choice. ``idle`` (default): only while the
     engine is busy less than ``probe_up_busy`` of the time, lately and over the window the

@@ -25,6 +25,7 @@ from thunder_sgl.scheduler.goodput import (
     Engine,
     Loop,
     PrefillFit,
+    _calibration,
     _slack,
     predict,
     update,
@@ -215,16 +216,82 @@ def test_under_a_steady_load_it_converges_and_does_not_oscillate(seed):
     assert predict(chosen.n, chosen.k, CPU, loop()).rate >= 0.8 * best
 
 
+UNCALIBRATED = dataclasses.replace(CFG, admission=dataclasses.replace(AC, calibrate=False))
+
+
+def thrashing(level: int, r: float) -> float:
+    """The steps measured fall with every level above the watermarks: a thrashing engine."""
+    return r if level == 0 else r * (0.7 ** level)
+
+
 def test_a_wrong_prediction_is_corrected_by_measurement():
     """The counters say a CPU-like engine (more programs pay), but the steps measured fall with
-    every level above the watermarks (a thrashing engine): probes down walk the bias to its
-    bound, the next winning one caps the level (a fallback), and the cap holds most of the time
-    (it expires after MAX_BACKOFF probe cycles, and the next probe down sets it again)."""
-    syn = Synthetic(CPU, noise=False, rate=lambda level, r: r if level == 0 else r * (0.7 ** level))
+    every level above the watermarks (a thrashing engine). With the calibration off, probes
+    down walk the bias to its bound, the next winning one caps the level (a fallback), and the
+    cap holds most of the time (it expires after MAX_BACKOFF probe cycles, and the next probe
+    down sets it again)."""
+    syn = Synthetic(CPU, noise=False, rate=thrashing, cfg=UNCALIBRATED)
     hist = syn.run(300)
     assert hist[-1].fallbacks > 0 and hist[-1].bias == -AC.max_bias
     late = settled_levels(hist[150:])
     assert late.count(0) >= 0.6 * len(late)
+
+
+def test_the_calibration_rates_each_arm_as_it_ran():
+    """The same thrashing engine with the calibration on (the default): each visit above the
+    watermarks measures below what the model gave it, the levels above are rated as they ran
+    (their arm's factor well below level 0's), the choice stays at level 0 most of the time,
+    and over three runs the loop runs more steps than with the model's predictions corrected
+    by probes alone (one of the three runs fewer: evidence fades over the fit's half-life and
+    the model tries the levels above again)."""
+    cal_steps = plain_steps = 0.0
+    for noise, seed in ((False, 0), (True, 3), (True, 7)):
+        cal = Synthetic(CPU, noise=noise, seed=seed, rate=thrashing)
+        hist = cal.run(300)
+        plain = Synthetic(CPU, noise=noise, seed=seed, rate=thrashing, cfg=UNCALIBRATED)
+        plain.run(300)
+        cal_steps, plain_steps = cal_steps + cal.steps_f, plain_steps + plain.steps_f
+        late = settled_levels(hist[100:])
+        assert late.count(0) >= 0.8 * len(late)
+        f0, f1 = hist[-1].factors
+        assert f1 < 0.7 * f0
+        assert hist[-1].view()["calibration_above"] == round(f1, 3)
+    assert cal_steps > 1.1 * plain_steps
+
+
+@pytest.mark.parametrize("worse", [0.6, 0.8])
+def test_where_the_levels_above_run_below_their_prediction_but_still_win_they_are_kept(worse):
+    """Calibration corrects how much the levels above pay, not whether: on the CPU-like truth
+    whose levels above the watermarks run at 0.6-0.8 of the model's prediction and still beat
+    level 0, the rule leaves level 0 as the uncalibrated rule does and runs as many steps;
+    where the model is right it changes nothing at all."""
+    for seed in (11, 12):
+        cal = Synthetic(CPU, noise=True, seed=seed, rate=lambda level, r: r if level == 0 else worse * r)
+        hist = cal.run(300)
+        plain = Synthetic(CPU, noise=True, seed=seed, rate=lambda level, r: r if level == 0 else worse * r,
+                          cfg=UNCALIBRATED)
+        plain.run(300)
+        assert cal.steps_f == pytest.approx(plain.steps_f, rel=0.01)
+        assert settled_levels(hist[100:]).count(0) == 0
+    right = Synthetic(CPU, noise=False).run(240)
+    uncorrected = Synthetic(CPU, noise=False, cfg=UNCALIBRATED).run(240)
+    assert settled_levels(right)[-60:] == settled_levels(uncorrected)[-60:]
+
+
+def test_an_arm_not_measured_yet_takes_the_factor_of_the_one_that_was():
+    """A model found optimistic at level 0 (measured 60 steps where it predicted 100) must not
+    make the levels never run look better than it: the empty arm takes the other's factor, so
+    the two are rated alike until it has steps of its own. Factors stay within [1/2, 2], and
+    an arm with few steps stays near the other's factor."""
+    measured_low = (60.0, 50.0, 100.0)
+    empty = (0.0, 0.0, 0.0)
+    f0, f1 = _calibration(measured_low, empty, AC), _calibration(empty, measured_low, AC)
+    assert f0 == pytest.approx(f1) and f0 < 0.7
+    assert _calibration((1_000.0, 1.0, 10.0), empty, AC) == 2.0
+    assert _calibration((0.0, 10.0, 1_000.0), empty, AC) == 0.5
+    few = _calibration((1.0, 5.0, 4.0), (400.0, 100.0, 400.0), AC)  # 1 step of 4 predicted, beside a true model
+    assert 0.75 < few < 1.0
+    assert _calibration(empty, empty, AC) == 1.0
 
 
 @settings(max_examples=150, deadline=None)
@@ -351,9 +418,9 @@ def test_update_never_writes_the_state_it_is_given():
     """``update`` copies the state once a period and writes the period's steps into the copy
     (``_write``): the state it was given, kept by whoever holds it, is the same afterwards —
     through probes up and down, lost and won, and a fallback."""
-    for syn in (Synthetic(CPU, noise=True, seed=5),
-                Synthetic(CPU, noise=False, rate=lambda level, r: r if level == 0 else r * (0.7 ** level))):
-        syn.st = update(None, syn.b, syn.view(syn.n_of(None)), 0.0, CFG)
+    for syn in (Synthetic(CPU, noise=True, seed=5), Synthetic(CPU, noise=False, rate=thrashing, cfg=UNCALIBRATED),
+                Synthetic(CPU, noise=True, seed=5, rate=thrashing)):
+        syn.st = update(None, syn.b, syn.view(syn.n_of(None)), 0.0, syn.cfg)
         for _ in range(300):
             given = syn.st
             kept = dataclasses.replace(given)
@@ -361,8 +428,10 @@ def test_update_never_writes_the_state_it_is_given():
             assert new is not given or new.at == kept.at  # a new state, unless the period was not whole
             assert given == kept
             assert all(getattr(given, f.name) is getattr(kept, f.name) for f in dataclasses.fields(AdmissionState))
-        assert syn.st.probes > 2
-    assert syn.st.probes_won > 0 and syn.st.fallbacks > 0
+        if syn.cfg is UNCALIBRATED:
+            assert syn.st.probes > 2 and syn.st.probes_won > 0 and syn.st.fallbacks > 0
+        else:
+            assert syn.st.probes + syn.st.changes > 2
 
 
 def test_a_dip_of_the_busy_average_inside_a_busy_window_is_not_idle_time():
@@ -552,7 +621,7 @@ def test_probes_down_wait_while_the_engine_idles():
     while the engine is busy at least ``probe_down_busy`` of the time, lately or over the
     window. The same loop, whose levels above the watermarks run slower than the model says:
     on an engine that reads busy, probes down are made; on one that idles, none is, unless
-    ``probe_down_busy`` is 0."""
+    ``probe_down_busy`` is 0. (The calibration off: the probes are under test.)"""
     from thunder_sgl.scheduler.goodput import _busy
 
     def worse(level: int, r: float) -> float:  # a slower loop than the model's, slower still above level 0
@@ -561,12 +630,12 @@ def test_probes_down_wait_while_the_engine_idles():
     def downs(hist: list[AdmissionState]) -> list[AdmissionState]:
         return [h for a, h in zip(hist, hist[1:], strict=False) if h.probe == -1 and a.probe != -1]
 
-    busy = Synthetic(CPU, noise=False, rate=worse, reports_busy=False).run(200)
+    busy = Synthetic(CPU, noise=False, rate=worse, reports_busy=False, cfg=UNCALIBRATED).run(200)
     assert downs(busy), "a saturated engine probes down"
-    idle = Synthetic(CPU, noise=False, rate=worse, reports_busy=True).run(200)
+    idle = Synthetic(CPU, noise=False, rate=worse, reports_busy=True, cfg=UNCALIBRATED).run(200)
     assert not any(_busy(h, AC.probe_down_busy) for h in idle[10:])  # the synthetic engine idles throughout
     assert not downs(idle)
-    always = dataclasses.replace(CFG, admission=dataclasses.replace(AC, probe_down_busy=0.0))
+    always = dataclasses.replace(UNCALIBRATED, admission=dataclasses.replace(UNCALIBRATED.admission, probe_down_busy=0.0))
     assert downs(Synthetic(CPU, noise=False, rate=worse, reports_busy=True, cfg=always).run(200)), \
         "with probe_down_busy 0 the idle engine is probed down as before"
 
