@@ -91,9 +91,10 @@ and where its predictions of all the levels lie within a few percent of each oth
 smoothed choice swung between level 0 and the top every 20-40 s, each swing pausing or
 restoring half the programs, while the top ran at 0.7 of its prediction (DES of the real
 HiCache CPU engine, ``cpu-agent`` N = 32 at steady state: 84-147 steps/min over 8 seeds, mean
-114; calibrated 120-157, mean 134, beside thunder-paper's 89 and request-level's 87). An arm
+114; calibrated 119-145, mean 134, beside thunder-paper's 89 and request-level's 87). An arm
 with no evidence takes the other's factor, so an error common to both changes nothing (the
-CPU-engine DES grid: 59 of 72 cells identical, the others within ±5%, geometric mean 1.001),
+CPU-engine DES grid, two seeds: 50 of 72 cells unchanged, the others 0.96-1.04, geometric
+mean 1.001; the DES hash runs identical),
 and evidence against a level fades over the half-life, after which the model may try it
 again. A probe up that wins moves the bias as before; probes are the designed exploration,
 the calibration only keeps the model honest about what the levels it chose measured.
