@@ -412,14 +412,18 @@ def per_router(real_dir: Path, sim_dirs: list[Path]) -> str:
     sims = [{(r.router, r.programs): r for r in load_results(d)} for d in sim_dirs]
     order = router_order([k[0] for k in real])
     keys = sorted((k for k in real if all(k in x for x in sims)), key=lambda k: (k[1], order.index(k[0])))
+    transient = [k for k in keys if (real[k].window_check or {}).get("warning")]
+    secs = round(next(iter(real.values())).window_s)
+    window = (f"{secs}-s windows, TRANSIENT in {len(transient)} of {len(keys)} real runs" if transient
+              else f"{secs}-s windows, every real run's steady by the window check")
     lines = [f"# Hits by tier per router and N: {real_dir.name} (real) against the simulator", "",
              f"Real: `{load_meta(real_dir).get('command', '')}`  "]
     lines += [f"Simulated ({d.name}): `{load_meta(d).get('command', '')}`  " for d in sim_dirs]
     lines += ["", "Share of prompt tokens served from device / host (storage: none in these runs) over the "
               "measured window, the engines' own counters. The simulated runs are DES runs of the same sweep "
               "(`sim` = the first seed given, same as the real run's; `mean` and range over all seeds given): "
-              "the 90-s windows are TRANSIENT and one window's split varies with the workload's draws, so the "
-              "real run is compared with the spread of simulated ones.", "",
+              f"one window's split varies with the workload's draws ({window}), so the real run is compared "
+              "with the spread of simulated ones.", "",
               "| N | router | real | sim (same seed) | Δ | sim mean | Δ mean | sim range device; host | seed spread |",
               "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     agree = agree_mean = 0
