@@ -94,10 +94,9 @@ HiCache CPU engine, ``cpu-agent`` N = 32 at steady state: 84-147 steps/min over 
 114; calibrated 119-145, mean 134, beside thunder-paper's 89 and request-level's 87). An arm
 with no evidence takes the other's factor, so an error common to both changes nothing (the
 CPU-engine DES grid, two seeds: 50 of 72 cells unchanged, the others 0.96-1.04, geometric
-mean 1.001; the DES hash runs identical),
-and evidence against a level fades over the half-life, after which the model may try it
-again. A probe up that wins moves the bias as before; probes are the designed exploration,
-the calibration only keeps the model honest about what the levels it chose measured.
+mean 1.001; the DES hash runs identical), and evidence against a level fades over the
+half-life, after which the model may try it again. Probes are still the exploration: the
+calibration only rates the levels the model chose by what they measured.
 
 **An open stream** (``_open``). The model is of a closed loop: a set of programs that cycle.
 Where the programs that end here took fewer than ``OPEN_STEPS`` steps each (discounted over the
