@@ -1,11 +1,13 @@
 """Thunder-only DES grid runs against a baseline and against v9's stock routers.
 
-    python compare.py NEW[,NEW...] [BASE[,BASE...]]
+    python compare.py NEW[,NEW...] [BASE[,BASE...]] [--stock GRID_JSON]
 
 NEW and BASE are grid directories (their grid.json). The stock routers (direct, sglang_router and
 smg cache_aware) run no admission rule, so their numbers are v9's
 (../grid-cpu-t1-des-steady-v9/grid.json: 900 s after 300 s for 47 cells, 1,800 s after 3,600 s for
 the 25 long cells); compare short runs with short ones (new/base), long runs with v9's long stock.
+``--stock`` takes the stock routers (and "v9 thunder") from another grid.json instead (the two-engine
+grid: ../grid-cpu-t1-des-2n-v4/grid.json).
 """
 import json
 import statistics as S
@@ -26,11 +28,17 @@ def thunder(dirs: str) -> dict[str, list[float]]:
 
 
 def main() -> None:
-    new = thunder(sys.argv[1])
-    base = thunder(sys.argv[2]) if len(sys.argv) > 2 else {}
+    args = sys.argv[1:]
+    stock_json = V9
+    if "--stock" in args:
+        i = args.index("--stock")
+        stock_json = Path(args[i + 1])
+        del args[i:i + 2]
+    new = thunder(args[0])
+    base = thunder(args[1]) if len(args) > 1 else {}
     stock: dict[str, dict[str, list[float]]] = {}
     v9t: dict[str, list[float]] = {}
-    for r in json.loads(V9.read_text())["rows"]:
+    for r in json.loads(stock_json.read_text())["rows"]:
         if r["router"] in ("direct", "sglang-cache_aware", "smg-cache_aware"):
             stock.setdefault(r["cell"], {}).setdefault(r["router"], []).append(r["steps_per_min"])
         if r["router"] == "thunder":
@@ -45,9 +53,9 @@ def main() -> None:
             b = S.mean(base[cell])
             line += f"  base {b:8.1f} x{b / st:.3f}  new/base {n / b:.3f}"
             rb.append(n / b)
-        line += f"  v9 thunder x{S.mean(v9t[cell]) / st:.3f}"
+        line += f"  {stock_json.parent.name} thunder x{S.mean(v9t[cell]) / st:.3f}"
         print(line)
-    print(f"cells {len(rat)}: thunder / v9's best stock min {min(rat):.3f}, geometric mean {S.geometric_mean(rat):.3f}, "
+    print(f"cells {len(rat)}: thunder / {stock_json.parent.name} best stock min {min(rat):.3f}, geometric mean {S.geometric_mean(rat):.3f}, "
           f"below 0.97: {sum(r < 0.97 for r in rat)} (meaningful for like-for-like windows only)")
     if rb:
         print(f"new / base: min {min(rb):.3f}, max {max(rb):.3f}, geometric mean {S.geometric_mean(rb):.3f}, "
