@@ -448,9 +448,6 @@ class AdmissionState:
     """Steps/s the model predicts at level 0 (the fixed watermarks)."""
     measured: float = 0.0
     """Steps/s measured over the current window."""
-    fixed_rate: float = 0.0
-    """Steps/s measured at level 0, over every settled period there (``at_fixed``; 0: none yet)."""
-    fixed_steps: int = 0
     at_fixed: tuple[float, float, float] = (0.0, 0.0, 0.0)
     """Steps, seconds and the steps the model predicted of the settled periods run at level 0
     outside probes, discounted over the fit's half-life (``_calibration``)."""
@@ -520,6 +517,12 @@ class AdmissionState:
     """Programs the level admits (predicted)."""
     k: float = 0.0
     """Of them protected."""
+
+    @property
+    def fixed_rate(self) -> float:
+        """Steps/s measured at level 0, over every settled period there (``at_fixed``; 0: none yet)."""
+        steps, secs, _ = self.at_fixed
+        return steps / secs if secs > 0 else 0.0
 
     @property
     def open_stream(self) -> bool:
@@ -676,8 +679,6 @@ def update(state: AdmissionState | None, b: Backend, v: BackendView, now: float,
         else:
             ab = (ab[0] + dsteps, ab[1] + dt, ab[2] + pred)
     _write(st, at_fixed=af, above_fixed=ab)
-    if af[1] > 0:
-        _write(st, fixed_rate=af[0] / af[1], fixed_steps=int(af[0]))
     # 2–3. the model and its choice
     lp = Loop(tool_s=b.served.tool_s, context=v.context, shared=v.shared,
               output=dout / dsteps if dsteps > 0 else v.output,
