@@ -575,7 +575,7 @@ _set = object.__setattr__
 
 def _with(st: AdmissionState, **changes: Any) -> AdmissionState:
     """``dataclasses.replace(st, **changes)`` at 40% of its cost: ``update`` derives a
-    backend's state in several such steps every period, and ``replace`` (all 48 fields passed
+    backend's state in several such steps every period, and ``replace`` (every field passed
     through the frozen ``__init__``) was a third of the tick of a router that keeps the states
     (64 backends). A copy through the slots, then the changes: the same state, since every
     field is an ``__init__`` field and nothing runs after it (a test holds the two equal)."""
@@ -593,7 +593,7 @@ def _write(st: AdmissionState, **changes: Any) -> None:
     frozen ``__init__`` builds a state. ``update`` copies the state it is given once and
     writes each later step of the period into that copy (it and its step functions below:
     ``_confirm``, ``_set_level``, ``_maybe_probe``, ``_end_probe``, ``_apply``) instead of
-    copying all 48 fields at each step, seven on average — 1.8 ms of a tick over 64 backends.
+    copying every field at each step, seven on average — 1.8 ms of a tick over 64 backends.
     The state given and the state returned stay immutable; only the one in the making is
     written."""
     for name, value in changes.items():

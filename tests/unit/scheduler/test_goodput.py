@@ -265,11 +265,13 @@ def test_where_the_levels_above_run_below_their_prediction_but_still_win_they_ar
     whose levels above the watermarks run at 0.6-0.8 of the model's prediction and still beat
     level 0, the rule leaves level 0 as the uncalibrated rule does and runs as many steps;
     where the model is right it changes nothing at all."""
+    def below(level: int, r: float) -> float:
+        return r if level == 0 else worse * r
+
     for seed in (11, 12):
-        cal = Synthetic(CPU, noise=True, seed=seed, rate=lambda level, r: r if level == 0 else worse * r)
+        cal = Synthetic(CPU, noise=True, seed=seed, rate=below)
         hist = cal.run(300)
-        plain = Synthetic(CPU, noise=True, seed=seed, rate=lambda level, r: r if level == 0 else worse * r,
-                          cfg=UNCALIBRATED)
+        plain = Synthetic(CPU, noise=True, seed=seed, rate=below, cfg=UNCALIBRATED)
         plain.run(300)
         assert cal.steps_f == pytest.approx(plain.steps_f, rel=0.01)
         assert settled_levels(hist[100:]).count(0) == 0
