@@ -46,11 +46,13 @@ def test_32_agents_sharing_a_system_prompt_and_a_task_are_never_misattributed(th
     progs = programs(router.url)
     assert len(progs) == n and all(p["inferred"] for p in progs)
     m = metrics(router.url)
-    new = m['thunder_inferred_requests_total{result="new"}']
-    matched = m['thunder_inferred_requests_total{result="matched"}']
-    ambiguous = m['thunder_inferred_requests_total{result="ambiguous"}']
-    assert new == n and matched + ambiguous == n * (STEPS - 1)
+    count = {k: m[f'thunder_inferred_requests_total{{result="{k}"}}']
+             for k in ("new", "matched", "ambiguous", "busy", "overflow")}
+    assert count["new"] == n and sum(count.values()) == n * STEPS, count
     # On a busy machine an agent's second request can arrive while its program is the only
-    # one yet started: it continues that one alone and is matched, rightly. Every other
-    # continuation is ambiguous and counted on no program.
-    assert matched <= n and sum(p["steps"] for p in progs) == n + matched
+    # one yet answered: it continues that one alone and is matched, rightly (a matched one
+    # whose program has a request out goes statelessly as busy). Every other continuation is
+    # ambiguous and contests its head, so no program ever holds more steps than its agent made
+    # (CI once saw one program take 33: the others' later steps continued it alone).
+    assert sum(p["steps"] for p in progs) == n + count["matched"], count
+    assert max(p["steps"] for p in progs) <= STEPS, ([p["steps"] for p in progs], count)

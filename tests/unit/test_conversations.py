@@ -108,6 +108,31 @@ def test_a_client_that_drops_an_answer_from_its_history_stays_in_its_program():
     assert conv.match([SYSTEM, TASK, err], 3.0).kind == "ambiguous"
 
 
+def test_identical_agents_never_continue_the_one_that_was_matched_while_it_was_alone():
+    """A busy machine: the first agent's second step (its answer dropped, the format error
+    added) arrives while its program is the only one answered, and is matched. The others'
+    second steps are ambiguous and contest that head, so no later step of theirs — byte for
+    byte the first agent's — lands in its program; the mark expires with the records."""
+    conv = Conversations(keep_seconds=10, max_programs=100)
+    err = {"role": "user", "content": "Format error: exactly one bash block, please."}
+    first = conv.match([SYSTEM, TASK], 0.0)
+    conv.answered(first.program_id, first.head, {"content": "junk"}, 0.0)
+    alone = conv.match([SYSTEM, TASK, err], 0.5)
+    assert (alone.kind, alone.program_id) == ("matched", first.program_id)
+    conv.answered(first.program_id, alone.head, {"content": "junk"}, 0.5)
+    others = [conv.match([SYSTEM, TASK], 1.0) for _ in range(2)]
+    for m in others:
+        conv.answered(m.program_id, m.head, {"content": "junk"}, 1.0)
+    assert [conv.match([SYSTEM, TASK, err], 2.0).kind for _ in others] == ["ambiguous"] * 2
+    later = [conv.match([SYSTEM, TASK, err, err], 3.0) for _ in range(3)]
+    assert [m.kind for m in later] == ["ambiguous"] * 3
+    assert conv.counts == {"matched": 1, "new": 3, "ambiguous": 5, "busy": 0, "overflow": 0}
+    # without contest, the head is one program's again once the marks expire
+    conv.expire(20.0)
+    conv.answered(first.program_id, alone.head, {"content": "junk"}, 20.0)
+    assert conv.match([SYSTEM, TASK, err, err], 20.0).program_id == first.program_id
+
+
 def test_records_expire_by_age_and_by_count():
     conv = Conversations(keep_seconds=10, max_programs=2)
     ms = []
@@ -160,6 +185,36 @@ def test_agents_sharing_a_system_prompt_and_a_task_are_never_misattributed(agent
                 reply = f"answer {a}" if rng.random() < distinct else "same answer"
                 conv.answered(m.program_id, m.head, {"content": reply}, float(step))
             hist[a] = [*hist[a], {"role": "assistant", "content": reply}, {"role": "user", "content": f"obs {step}"}]
+
+
+@settings(max_examples=80, deadline=None)
+@given(agents=st.integers(2, 12), steps=st.integers(2, 6), seed=st.integers(0, 10**6))
+def test_identical_agents_that_drop_their_answers_never_land_in_another_agents_program(agents, steps, seed):
+    """Agents whose requests are byte for byte the same (one task, every answer dropped, the
+    format error added), interleaved at random — an agent sends its next step only once its
+    answer came: a request lands in its own agent's program or in none."""
+    rng = random.Random(seed)
+    conv = Conversations(1e9, 10_000)
+    err = {"role": "user", "content": "Format error."}
+    hist = {a: [SYSTEM, TASK] for a in range(agents)}
+    out: dict[int, object] = {}  # agent → its match, answer not yet in
+    sent = dict.fromkeys(range(agents), 0)
+    owner: dict[str, int] = {}
+    now = 0.0
+    while any(sent[a] < steps for a in range(agents)) or out:
+        now += 1.0
+        a = rng.choice([a for a in range(agents) if a in out or sent[a] < steps])
+        if a in out:  # its answer comes
+            m = out.pop(a)
+            if m.program_id is not None:
+                conv.answered(m.program_id, m.head, {"content": "junk"}, now)
+            hist[a] = [*hist[a], err]
+        else:
+            m = conv.match(hist[a], now)
+            if m.program_id is not None:
+                assert owner.setdefault(m.program_id, a) == a
+            out[a] = m
+            sent[a] += 1
 
 
 def _prompt_step(c: Conversations, prompt: str | list[int], answer: dict, now: float) -> str | None:

@@ -35,7 +35,12 @@ happened since (tool output, user feedback). The rule:
    head — RL samples of one task, agents that share a system prompt and a task — are told
    apart by the answers they received, which are in their expectations; agents whose
    requests are byte for byte the same (the same task, and answers dropped or identical)
-   cannot be, and stay ``ambiguous``.
+   cannot be, and stay ``ambiguous``. An ambiguous request marks its head *contested*
+   (``keep_seconds``, at most ``max_programs`` of them): a later request that adds to that
+   head is ambiguous too, even where one program also has it as a head. Identical agents on a
+   busy machine need this: one agent's second step can arrive while its program is the only
+   one yet answered, and is rightly matched; without the mark every other agent's later steps,
+   byte for byte that program's, would continue it alone and land in it.
 5. **Forget** a program's chains after ``keep_seconds`` without a match, and the oldest
    program's past ``max_programs``. The program itself is paused, dormant, once idle past its
    tools (``inferred_pause_seconds``, ``Program.dormant``: a finished agent cannot say so),
@@ -78,6 +83,8 @@ from typing import Any
 
 import orjson
 
+_CONTESTED = frozenset({""})
+"""The owner a contested head adds (rule 4): no program's, so a match there is ambiguous."""
 DIGEST = 16
 """Bytes of a chain hash."""
 SEP = b"\x1e"
@@ -199,6 +206,7 @@ class Conversations:
         self._records: OrderedDict[str, _Record] = OrderedDict()  # least recently matched first
         self._plens: Counter[int] = Counter()  # prompt key lengths (rule 6) → keys of that length
         self._plens_sorted: list[int] = []
+        self._contested: OrderedDict[bytes, float] = OrderedDict()  # heads of ambiguous requests → when
         self.counts = {"matched": 0, "new": 0, "ambiguous": 0, "busy": 0, "overflow": 0}
         """Requests by outcome, each once; the gateway moves a ``matched`` or ``new`` one
         (``recount``) to ``busy``, its program had a request out already, or ``overflow``, the
@@ -246,6 +254,8 @@ class Conversations:
             also = self._heads.get(key)
             if also:
                 owners = also if not owners else owners | also
+            if key in self._contested:
+                owners = _CONTESTED if not owners else owners | _CONTESTED
         return owners
 
     def _decide(self, owners: set[str] | None, head: bytes, now: float) -> Match:
@@ -253,8 +263,12 @@ class Conversations:
         if not owners:
             self.counts["new"] += 1
             return Match("new", self.prefix + os.urandom(8).hex(), head)
-        if len(owners) > 1:
+        if len(owners) > 1 or "" in owners:
             self.counts["ambiguous"] += 1
+            if head:
+                self._contested[head] = now
+                self._contested.move_to_end(head)
+                self._expire_contested(now)
             return Match("ambiguous", None, head)
         pid = next(iter(owners))
         self._touch(pid, now)
@@ -353,7 +367,16 @@ class Conversations:
                 break
             self.forget(pid)
             n += 1
+        self._expire_contested(now)
         return n
+
+    def _expire_contested(self, now: float) -> None:
+        contested = self._contested
+        while contested:
+            key, when = next(iter(contested.items()))
+            if len(contested) <= self.max_programs and now - when <= self.keep_seconds:
+                break
+            del contested[key]
 
 
 def answer_message(obj: Any) -> dict[str, Any] | None:
