@@ -61,6 +61,7 @@ SETS = {
         ("thunder-inferred", f"u{u}", dict(inferred_unref_belief=u)) for u in (0.5, 0.7)]),
     "s11": (MINI + CPU, (4, 5, 6), [EXPLICIT, ("thunder-inferred", "b0.9", {}),
                                     ("thunder-inferred", "u0.5", dict(inferred_unref_belief=0.5))]),
+    "s12": (MINI + CPU, tuple(range(1, 13)), [EXPLICIT, ("thunder-inferred", "b0.9", {})]),
 }
 
 if __name__ == "__main__":
