@@ -8,6 +8,7 @@ means moved by up to 0.02 with the seeds alone (v11's header). About 4 minutes o
     python bench/toolorchestra_seeds.py --seeds 8 ...   # the old eight
 """
 
+import statistics
 from concurrent.futures import ProcessPoolExecutor
 
 from thunder_sgl.benchmark.des.run import run_des
@@ -35,6 +36,5 @@ if __name__ == "__main__":
             print(f"  N={n} s={s} ratio={ratio:.3f} {adm}", flush=True)
     for n in (24, 32, 48):
         xs = [res[(n, s)] for s in range(1, k + 1)]
-        mean = sum(xs) / len(xs)
-        sd = (sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5
+        mean, sd = statistics.mean(xs), statistics.stdev(xs)
         print(f"N={n} mean {mean:.3f} (sd {sd:.3f}, se {sd / len(xs) ** 0.5:.3f}, seeds 1-{k})")

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from thunder_sgl.control.conversations import (
     Conversations,
+    Match,
     StreamAnswer,
     answer_message,
     answer_of,
@@ -197,7 +198,7 @@ def test_identical_agents_that_drop_their_answers_never_land_in_another_agents_p
     conv = Conversations(1e9, 10_000)
     err = {"role": "user", "content": "Format error."}
     hist = {a: [SYSTEM, TASK] for a in range(agents)}
-    out: dict[int, object] = {}  # agent → its match, answer not yet in
+    out: dict[int, Match] = {}  # agent → its match, answer not yet in
     sent = dict.fromkeys(range(agents), 0)
     owner: dict[str, int] = {}
     now = 0.0
