@@ -290,6 +290,14 @@ class ProgramsConfig:
     others wait (``programs.lengths``): from how many steps programs took before they ended and
     how long tools last. 0.9: one wrong guess, a live program whose KV goes, per nine right."""
 
+    inferred_end_tools: tuple[str, ...] = ("finish", "submit", "attempt_completion")
+    """Tool names whose call ends an agent (OpenHands, SWE-agent, Cline): an answer calling one
+    hints that its inferred program ended (``control.conversations`` rule 7)."""
+
+    inferred_end_markers: tuple[str, ...] = ("COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT",)
+    """Text whose presence in an answer (content or tool-call arguments) hints the same
+    (mini-swe-agent's submit command). Empty: none."""
+
     def __post_init__(self) -> None:
         if self.group_id_pattern is not None:
             try:

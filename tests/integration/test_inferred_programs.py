@@ -4,6 +4,7 @@ agents, no program id anywhere, simulated workers, a real router process."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import pytest
@@ -193,3 +194,45 @@ def test_prompt_agents_without_ids_each_land_in_one_inferred_program(cluster):
     assert m['thunder_inferred_requests_total{result="new"}'] == len(kinds)
     assert m['thunder_inferred_requests_total{result="matched"}'] == 3 * len(kinds)
     assert m['thunder_inferred_requests_total{result="ambiguous"}'] == 0
+
+
+def test_an_answer_that_calls_none_of_the_offered_tools_hints_the_end_until_the_agent_asks_again(cluster):
+    """``conversations`` rule 7 through the router: the simulated model answers in text, so a
+    request that offers tools gets an answer calling none: a plain end hint, shown in
+    ``/programs`` (streamed or not) until the program's next request; none without tools."""
+    _, router = cluster
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "properties": {}}}}]
+
+    def hint_of(task: str, stream: bool, offer: bool) -> list[str | None]:
+        msgs = [{"role": "system", "content": text(300, "sys")}, {"role": "user", "content": text(100, task)}]
+        seen = []
+        for step in range(2):
+            body = {"model": "tiny", "messages": msgs, "max_tokens": 16, **({"tools": tools} if offer else {})}
+            if stream:
+                parts = []
+                with httpx.stream("POST", router.url + "/v1/chat/completions", json={**body, "stream": True},
+                                  timeout=60) as r:
+                    for line in r.iter_lines():
+                        if line.startswith("data: ") and line != "data: [DONE]":
+                            ch = json.loads(line[6:])
+                            if ch.get("choices") and ch["choices"][0]["delta"].get("content"):
+                                parts.append(ch["choices"][0]["delta"]["content"])
+                answer = "".join(parts)
+            else:
+                r = httpx.post(router.url + "/v1/chat/completions", json=body, timeout=60)
+                assert r.status_code == 200, r.text
+                answer = r.json()["choices"][0]["message"]["content"]
+            progs = [p for p in httpx.get(router.url + "/programs").json()["data"] if p["inferred"]]
+            mine = [p for p in progs if p["steps"] == step + 1 and p["id"] not in seen_ids]
+            assert len(mine) == 1, progs
+            seen.append(mine[0]["end_hint"])
+            msgs = [*msgs, {"role": "assistant", "content": answer}, {"role": "user", "content": text(60, f"obs{step}")}]
+        seen_ids.update(p["id"] for p in httpx.get(router.url + "/programs").json()["data"])
+        return seen
+
+    seen_ids: set[str] = set()
+    assert hint_of("a", stream=False, offer=True) == ["plain", "plain"]
+    assert hint_of("b", stream=True, offer=True) == ["plain", "plain"]
+    assert hint_of("c", stream=False, offer=False) == [None, None]
+    m = metrics(router.url)
+    assert m['thunder_inferred_requests_total{result="matched"}'] == 3  # every second step continued its program

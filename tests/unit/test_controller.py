@@ -467,6 +467,52 @@ def test_a_program_that_ends_late_in_a_long_tool_workload_is_not_guessed_ended_e
     assert c.lengths.ended_probability(1, b.served.returns.survival(2.5)) < 0.1
 
 
+def test_an_inferred_program_whose_last_answer_signed_its_end_goes_dormant_first():
+    """``conversations`` rule 7: where programs take about 20 steps, a silence of 2.5 s after the
+    first step makes nobody ended (the test above), except the program whose answer carried the
+    end sign; its place goes to the waiting program. The hint lasts until the program asks
+    again (counted as a hint it came back from) or ends (counted as one that ended it)."""
+    c = make(hbm=3000)
+    for pid, sign in (("inf-a", True), ("inf-b", False), ("explicit", False)):
+        t = Ticket(pid, prompt_chars=3200, inferred=pid != "explicit")
+        if c.submit(t, 0.0) is None:
+            assert t in c.tick(0.0).dispatched
+        t.end_hint = "sign" if sign else None
+        c.finish(t, 1.0, Usage(800, 10))
+    b = c.backends["http://w0"]
+    for _ in range(25):
+        for s in (1.0, 2.0, 3.0, 4.0):
+            b.served.returns.add(s)
+    for n in (18, 20, 22) * 10:
+        for k in range(1, n + 1):
+            c.lengths.step(k)
+        c.lengths.end(n)
+    a, inf_b = c.programs.get("inf-a"), c.programs.get("inf-b")
+    assert a.end_hint == "sign" and inf_b.end_hint is None
+    t = ticket("new", 800)
+    assert c.submit(t, 3.5) is None
+    # the prior alone (0.75) is not enough after a silence half the tools outlast: 0.86 < 0.9
+    assert c.tick(3.5).paused == []
+    for _ in range(10):  # ten signed answers were their program's last
+        c.lengths.hint_outcome("sign", ended=True)
+    c.lengths.hints["sign"] = [10.0, 0.0]
+    assert c.programs.get("explicit").end_hint is None  # explicit ids: hints are not read
+    res = c.tick(3.6)
+    assert res.paused == [a] and a.dormant and t in res.dispatched and inf_b.active
+    # it was alive after all: it asks again, and the sign learns it came back
+    again = Ticket("inf-a", prompt_chars=3600, inferred=True)
+    c.submit(again, 5.0)
+    assert a.end_hint is None and c.lengths.hints["sign"] == [10.0 * 0.99, 1.0]
+    # inf-b's next answer signs its end and its program is released (idle timeout, or a release)
+    tb = Ticket("inf-b", prompt_chars=3600, inferred=True)
+    assert c.submit(tb, 6.0) is b
+    tb.end_hint = "sign"
+    c.finish(tb, 7.0, Usage(900, 10))
+    c.release("inf-b", 8.0)
+    assert c.lengths.hints["sign"] == [10.0 * 0.99 * 0.99 + 1.0, 0.99]
+    assert c.lengths.ended_hinted[1] == 1.0  # the end after two steps counted as a hinted one
+
+
 def test_a_dormant_program_that_asks_again_queues_from_its_request():
     """A dormant program that asks again queues from its request, not from when it went
     dormant: of two made dormant, the one that asks first goes first (counting the wait from

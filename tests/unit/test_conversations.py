@@ -275,3 +275,27 @@ def test_answers_of_prompt_routes():
     for t in ("a", "b"):
         s.feed({"choices": [{"index": 0, "text": t}]})
     assert s.message()["content"] == "ab"
+
+
+def test_the_end_hint_reads_a_finishing_tool_a_marker_or_tools_left_uncalled():
+    """Rule 7: a call of an end tool, or an end marker in the text or a tool call's arguments,
+    is a sign; tools offered and none called is plain; anything else is no hint."""
+    from thunder_sgl.control.conversations import PLAIN, SIGN, end_hint
+
+    tools, markers = frozenset({"finish", "submit"}), ("COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT",)
+
+    def call(name: str, args: str) -> dict:
+        return {"role": "assistant", "content": None,
+                "tool_calls": [{"id": "c1", "type": "function", "function": {"name": name, "arguments": args}}]}
+
+    assert end_hint(call("finish", "{}"), True, tools, markers) == SIGN
+    assert end_hint(call("bash", '{"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}'), True, tools, markers) == SIGN
+    text = {"role": "assistant", "content": "```bash\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```"}
+    assert end_hint(text, False, tools, markers) == SIGN
+    assert end_hint({"content": [{"type": "text", "text": "done COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}]},
+                    False, tools, markers) == SIGN
+    assert end_hint(call("bash", '{"command": "ls"}'), True, tools, markers) is None
+    assert end_hint({"role": "assistant", "content": "All done."}, True, tools, markers) == PLAIN
+    assert end_hint({"role": "assistant", "content": "All done."}, False, tools, markers) is None
+    assert end_hint(text, False, tools, ()) is None  # markers off
+    assert end_hint(None, True, tools, markers) is None

@@ -66,3 +66,40 @@ def test_tool_survival_is_the_share_of_longer_tools():
     assert t.survival(20.0) == 0.0
     inside = [t.survival(s) for s in (0.8, 0.9, 1.0, 1.1)]  # within the bin of 1 s: between 1 and 0.5
     assert inside == sorted(inside, reverse=True) and 0.5 <= min(inside) and max(inside) <= 1.0
+
+
+def test_an_end_hint_starts_at_its_prior_and_learns_what_the_clients_hints_mean():
+    """``q`` of a kind: its prior (sign 0.75, plain 0.25) until hinted answers are seen to end
+    their program or not; then the observed share."""
+    lengths = ProgramLengths()
+    assert lengths.hint_rate("sign") == 0.75 and lengths.hint_rate("plain") == 0.25
+    for _ in range(200):
+        lengths.hint_outcome("sign", ended=True)
+        lengths.hint_outcome("plain", ended=False)
+    assert lengths.hint_rate("sign") > 0.97
+    assert lengths.hint_rate("plain") < 0.03  # a model that keeps forgetting its tools
+
+
+def test_a_signed_end_is_believed_at_once_and_an_unsigned_silence_much_later():
+    """Programs of 15–30 steps whose clients sign 9 ends in 10: a program at step 12 whose last
+    answer carried the sign has most likely ended after any silence; one at step 29 without it
+    is judged by the unsigned ends alone (1 in 10), so a silence that would have made it ended
+    without hints no longer does."""
+    rnd = random.Random(5)
+    plain = ProgramLengths()
+    hinted = ProgramLengths()
+    for i in range(400):
+        n = rnd.randint(15, 30)
+        for lengths in (plain, hinted):
+            for k in range(1, n + 1):
+                lengths.step(k)
+        plain.end(n)
+        hinted.end(n, hinted=i % 10 != 0)
+        if i % 10 != 0:
+            hinted.hint_outcome("sign", ended=True)
+    s = 0.5  # half the tool calls last longer than this silence
+    assert hinted.ended_probability(12, s, "sign") > 0.95
+    assert plain.ended_probability(29, s) > 0.3
+    assert hinted.ended_probability(29, s) < plain.ended_probability(29, s) / 3
+    # without hints both counts agree: nothing changes where no client hints
+    assert plain.hazard(20) == plain.hazard(20, unhinted=True)

@@ -138,6 +138,9 @@ class Controller:
             )
         if p.steps:
             self._returned(p, now)
+        if p.end_hint is not None:  # it asked again after an answer that looked like its last
+            self.lengths.hint_outcome(p.end_hint, ended=False)
+            p.end_hint = None
         t.program = p
         cap = t.max_output or 0
         if cap != p.output_cap:
@@ -184,6 +187,8 @@ class Controller:
         if usage is not None:
             p.last_step_prompt = usage.prompt_tokens
             self.lengths.step(p.steps)
+            if p.inferred:
+                p.end_hint = t.end_hint
             self._learn_sizes(p, t, usage, first)
         if usage is not None and usage.weight_version is not None and b is not None:
             self.weight_version_seen(b, usage.weight_version, now)
@@ -308,7 +313,9 @@ class Controller:
         if b is not None:  # how many steps programs take (the admission rule tells open streams by it)
             b.served.ended += 1
             b.served.ended_steps += p.steps
-        self.lengths.end(p.steps)
+        self.lengths.end(p.steps, hinted=p.end_hint is not None)
+        if p.end_hint is not None:
+            self.lengths.hint_outcome(p.end_hint, ended=True)
         if p.inferred:
             self._inferred_live -= 1
         self.kvrefs.left(p)
@@ -651,7 +658,7 @@ class Controller:
         (``ProgramsConfig``): while programs wait with a request, one per waiting program among
         the inferred programs idle at least ``inferred_pause_min_seconds`` whose probability of
         having ended (``programs.lengths``: how many steps programs take, against how long
-        tools on their backend last) is at least ``inferred_pause_belief``, the likeliest
+        tools on their backend last, and what its last answer hinted, ``conversations`` rule 7) is at least ``inferred_pause_belief``, the likeliest
         first; and any idle for ``inferred_pause_seconds`` (a multiple of the longest tool it
         has shown)."""
         if not self._inferred_live:
@@ -672,7 +679,7 @@ class Controller:
             b = self.backends.get(p.backend) if waiting else None  # type: ignore[arg-type]
             if b is None or idle <= pc.inferred_pause_min_seconds:
                 continue
-            ended = self.lengths.ended_probability(p.steps, b.served.returns.survival(idle))
+            ended = self.lengths.ended_probability(p.steps, b.served.returns.survival(idle), p.end_hint)
             if ended >= pc.inferred_pause_belief:
                 maybe.append((ended, p))
         maybe.sort(key=lambda x: -x[0])

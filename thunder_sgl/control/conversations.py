@@ -65,6 +65,16 @@ happened since (tool output, user feedback). The rule:
    one-shot traffic as often as agents, and a one-shot request made a program would wait for
    admission and hold a place.
 
+7. **The end sign** (``end_hint``): a client without ids cannot release its program, but its
+   last answer often says the agent is done. *Sign*: a tool call named in
+   ``programs.inferred_end_tools`` (OpenHands' ``finish``, SWE-agent's ``submit``, Cline's
+   ``attempt_completion``), or a marker of ``programs.inferred_end_markers`` in the text or a
+   tool call's arguments (mini-swe-agent's ``COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``, in its
+   last command). *Plain*: the request offered ``tools`` and the answer calls none (an OpenAI
+   Agents SDK run ends with such a final output, but a model that forgot its tools answers the
+   same). The hint is only evidence: the controller learns, per kind, how often a program with
+   that last answer came back (``programs.lengths``) and the dormant pause weighs it.
+
 The index is pure and deterministic (no clock of its own, no I/O); the gateway calls it from
 the inference route (``match``, ``match_prompt``) and from the proxy when an answer is relayed
 (``answered``, ``answered_prompt``).
@@ -377,6 +387,38 @@ class Conversations:
             if len(contested) <= self.max_programs and now - when <= self.keep_seconds:
                 break
             del contested[key]
+
+
+SIGN = "sign"
+"""``end_hint``: a tool call or marker that ends the agent (rule 7)."""
+PLAIN = "plain"
+"""``end_hint``: tools were offered and none was called (rule 7)."""
+
+
+def end_hint(answer: dict[str, Any] | None, tools_offered: bool, end_tools: frozenset[str],
+             end_markers: Sequence[str]) -> str | None:
+    """Whether a relayed chat answer looks like the agent's last (rule 7): ``SIGN``, ``PLAIN``
+    or None."""
+    if not isinstance(answer, dict):
+        return None
+    calls = answer.get("tool_calls")
+    calls = [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+    texts = [answer.get("content")]
+    for c in calls:
+        fn = c.get("function")
+        if isinstance(fn, dict):
+            if fn.get("name") in end_tools:
+                return SIGN
+            texts.append(fn.get("arguments"))
+    if end_markers:
+        for t in texts:
+            if t is not None and not isinstance(t, str):
+                t = _text(t) if isinstance(t, list) else str(t)
+            if t and any(m in t for m in end_markers):
+                return SIGN
+    if tools_offered and not calls:
+        return PLAIN
+    return None
 
 
 def answer_message(obj: Any) -> dict[str, Any] | None:

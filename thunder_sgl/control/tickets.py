@@ -64,6 +64,11 @@ class Ticket:
     state, ``conversations`` rule 6), which its answer extends."""
     conversation_id: str | None = None
     """No program id sent: the program its answer is recorded under (``conversations``)."""
+    tools_offered: bool = False
+    """No program id sent: the chat request offered ``tools`` (``conversations.end_hint``)."""
+    end_hint: str | None = None
+    """Its answer looked like the agent's last (``conversations.end_hint``: ``"sign"`` or
+    ``"plain"``), set before ``Controller.finish``; read for inferred programs only."""
 
     @property
     def held_seconds(self) -> float:

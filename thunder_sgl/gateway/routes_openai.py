@@ -83,6 +83,7 @@ class InferenceHandler:
                        max_output=inbound.max_output)
             if t.program_id is None:
                 if route == "chat":
+                    t.tools_offered = bool(inbound.body.get("tools"))
                     gw.infer(t, inbound.body["messages"])
                 else:
                     gw.infer_prompt(inbound, t)

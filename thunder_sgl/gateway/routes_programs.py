@@ -28,6 +28,7 @@ def describe(p: Program, now: float, wall_offset: float, sandboxes: dict[str, An
         "id": p.id,
         "inferred": p.inferred,
         "dormant": p.dormant,
+        "end_hint": p.end_hint,
         "state": p.state.value if p.admitted else "new",
         "phase": p.phase.value,
         "group": p.group.id if p.group is not None else None,

@@ -25,7 +25,13 @@ from thunder_sgl.backends.backend import Backend
 from thunder_sgl.backends.monitor import Monitor, Worker
 from thunder_sgl.config import RouterConfig
 from thunder_sgl.control.controller import Controller
-from thunder_sgl.control.conversations import Conversations, Match, PromptHead, prompt_bytes
+from thunder_sgl.control.conversations import (
+    Conversations,
+    Match,
+    PromptHead,
+    end_hint,
+    prompt_bytes,
+)
 from thunder_sgl.control.tickets import Ticket, TickResult
 from thunder_sgl.errors import NotFound, Overloaded, ThunderError
 from thunder_sgl.gateway.aborted import RequestAborted
@@ -69,6 +75,7 @@ class Gateway:
         self.rids: dict[str, Ticket] = {}
         pc = config.programs
         self.conversations = Conversations(pc.idle_timeout_seconds, pc.max_programs) if pc.infer_ids else None
+        self._end_tools = frozenset(pc.inferred_end_tools)
 
     # ---- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -221,6 +228,9 @@ class Gateway:
                 self.conversations.answered_prompt(t.conversation_id, t.conversation, answer, now)
             else:
                 self.conversations.answered(t.conversation_id, t.conversation, answer, now)
+            if t.inferred:
+                pc = self.controller.cfg.programs
+                t.end_hint = end_hint(answer, t.tools_offered, self._end_tools, pc.inferred_end_markers)
         self._dispatch(self.controller.finish(t, now, usage))
 
     def infer(self, t: Ticket, messages: list[Any]) -> None:

@@ -24,6 +24,25 @@ Programs of 15–30 steps are almost surely alive at step 10 whatever the idle t
 ended after a few seconds of silence; a tool-time quantile alone cannot tell the two apart. Before
 any program has ended ``h`` is 0 and so is the probability: nothing is guessed ended until the
 first idle timeouts have taught the router how long programs are.
+
+**The end sign.** A program whose last answer looked like the agent's last
+(``control.conversations`` rule 7: a finishing tool call or marker, *sign*; or tools offered and
+none called, *plain*) carries that hint until it asks again. For each kind the router counts the
+hinted answers that were the program's last (it ended without asking again) and those it came
+back from, decayed as the step counts are, and ``q`` = (last + prior) ÷ (both + prior pseudo-answers):
+the share of such answers that end their program. It stands in for ``h(k)`` when larger:
+
+    P(ended | hint, k, idle t) = q' / (q' + (1 − q') · S(t)),   q' = max(h(k), q)
+
+and a program whose last answer carried no hint is judged by the hazard of the ends that came
+without one, ``h₀(k)`` (ends after a hint are counted apart, ``ended_hinted``): where agents sign
+their end, a silent one is most likely in a tool, and guessing it ended would evict a live
+context. Where no client hints, ``h₀ = h`` and nothing changes.
+
+The priors (``HINT_PRIOR``) keep the first guesses modest — a sign starts at 0.75, which needs
+an idle time past two thirds of tool calls before P reaches 0.9; plain at 0.25, past the 96th
+percentile — and the counts then say whether the clients' hints mean what they seem to: a model
+that keeps forgetting its tools teaches plain hints a low ``q``, and they stop mattering.
 """
 
 from __future__ import annotations
@@ -36,6 +55,9 @@ KEEP = 0.99
 
 PRIOR_STEPS = 5.0
 """Pseudo-steps at the overall hazard added to each bin's counts."""
+
+HINT_PRIOR = {"sign": (3.0, 1.0), "plain": (1.0, 3.0)}
+"""Pseudo-counts (ended, came back) of each end-hint kind before any is observed."""
 
 _EXACT = 32
 """Step counts up to this have a bin each; above, bins are 1.25× wide."""
@@ -54,37 +76,64 @@ def step_bin(k: int) -> int:
 class ProgramLengths:
     reached: list[float] = field(default_factory=lambda: [0.0] * _BINS)
     ended: list[float] = field(default_factory=lambda: [0.0] * _BINS)
+    ended_hinted: list[float] = field(default_factory=lambda: [0.0] * _BINS)
+    """The ends of ``ended`` whose last answer carried an end hint."""
     programs_ended: int = 0
+    hints: dict[str, list[float]] = field(default_factory=dict)
+    """Per end-hint kind: [hinted answers that were their program's last, ones it came back from]."""
 
     def step(self, k: int) -> None:
         """A program answered its ``k``-th step: it is at risk of ending there."""
         if k >= 1:
             self.reached[step_bin(k)] += 1.0
 
-    def end(self, k: int) -> None:
-        """A program ended after ``k`` steps."""
+    def end(self, k: int, hinted: bool = False) -> None:
+        """A program ended after ``k`` steps (``hinted``: its last answer carried an end hint)."""
         if k < 1:
             return
-        r, e = self.reached, self.ended
+        r, e, eh = self.reached, self.ended, self.ended_hinted
         for i in range(_BINS):
             r[i] *= KEEP
             e[i] *= KEEP
+            eh[i] *= KEEP
         e[step_bin(k)] += 1.0
+        if hinted:
+            eh[step_bin(k)] += 1.0
         self.programs_ended += 1
 
-    def hazard(self, k: int) -> float:
-        """The share of programs at step ``k`` that end there (0 before any has ended)."""
+    def hint_outcome(self, kind: str, ended: bool) -> None:
+        """A program whose last answer carried hint ``kind`` ended (True) or asked again."""
+        c = self.hints.setdefault(kind, [0.0, 0.0])
+        c[0] *= KEEP
+        c[1] *= KEEP
+        c[0 if ended else 1] += 1.0
+
+    def hint_rate(self, kind: str) -> float:
+        """``q``: the share of answers hinted ``kind`` that were their program's last."""
+        a, b = HINT_PRIOR.get(kind, (0.0, 1.0))
+        c = self.hints.get(kind, (0.0, 0.0))
+        return (c[0] + a) / (c[0] + c[1] + a + b)
+
+    def hazard(self, k: int, unhinted: bool = False) -> float:
+        """The share of programs at step ``k`` that end there (0 before any has ended);
+        ``unhinted``: that end there with no end hint on their last answer."""
         total_r = sum(self.reached)
         if total_r <= 0:
             return 0.0
-        overall = min(1.0, sum(self.ended) / total_r)
+        ended = self.ended
+        if unhinted and any(self.ended_hinted):  # at risk: every step (a hinted one is rare where hints mean an end)
+            ended = [e - h for e, h in zip(self.ended, self.ended_hinted, strict=True)]
+        overall = min(1.0, max(0.0, sum(ended)) / total_r)
         i = step_bin(k)
-        return min(1.0, (self.ended[i] + PRIOR_STEPS * overall) / (self.reached[i] + PRIOR_STEPS))
+        return min(1.0, (max(0.0, ended[i]) + PRIOR_STEPS * overall) / (self.reached[i] + PRIOR_STEPS))
 
-    def ended_probability(self, k: int, survival: float) -> float:
+    def ended_probability(self, k: int, survival: float, hint: str | None = None) -> float:
         """P(ended | ``k`` steps answered, idle longer than a share ``survival`` of tool calls
-        last)."""
-        h = self.hazard(k)
+        last, the last answer hinted ``hint`` or not)."""
+        if hint is not None:
+            h = max(self.hazard(k), self.hint_rate(hint))
+        else:  # where programs sign their end, one that did not is less likely to have ended
+            h = self.hazard(k, unhinted=True)
         if h <= 0:
             return 0.0
         return h / (h + (1.0 - h) * max(0.0, survival))

@@ -107,6 +107,8 @@ class Program:
     idle timeout is derived from it)."""
     inferred: bool = False
     """Its id was inferred from its requests' messages (``control.conversations``)."""
+    end_hint: str | None = None
+    """Its last answer looked like the agent's last (``Ticket.end_hint``), until it asks again."""
     dormant: bool = False
     """An inferred program paused after idling well past its tools (it may have ended; its
     client cannot say): it waits in the queue for its next request, not for room

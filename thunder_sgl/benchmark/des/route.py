@@ -29,6 +29,7 @@ from thunder_sgl.backends.parse import (
 from thunder_sgl.benchmark.des.baselines import Policy, RouteRequest
 from thunder_sgl.config import RouterConfig
 from thunder_sgl.control.controller import Controller
+from thunder_sgl.control.conversations import SIGN
 from thunder_sgl.control.tickets import Ticket, prefix_key_of
 from thunder_sgl.errors import ThunderError
 from thunder_sgl.programs import Usage
@@ -123,6 +124,8 @@ class ThunderRouter:
         usage = None
         if c is not None and c.error is None and c.finish_reason != "abort":
             usage = Usage(c.prompt_tokens, c.completion_tokens, c.cached_tokens, c.cached_host, c.cached_storage)
+            if t is not None and self.inferred and agent.spec.signs_end and agent.step == len(agent.spec.steps) - 1:
+                t.end_hint = SIGN  # the answer the gateway would read the end sign in (conversations rule 7)
         return [self._dispatch(x) for x in self.ctl.finish(t, now, usage)] if t is not None else []
 
     def release(self, agent: Any, now: float, end_of_run: bool = False) -> None:

@@ -65,12 +65,21 @@ class WorkloadProfile:
     """Context limit of the model: a program ends before the call whose prompt plus output
     would exceed it (agents stop on context overflow). 0: no limit."""
 
+    end_sign_share: float = 0.0
+    """Share of the programs that end on their own (not by the context limit) whose last answer
+    carries their framework's end sign — mini-swe-agent's submit command, OpenHands' ``finish``
+    call (``control.conversations`` rule 7). Only a client without program ids shows it to the
+    router (the DES's ``thunder-inferred``). 0 in every shipped profile: how many real runs end
+    that way, rather than at a step or cost limit, is not measured here; a sweep sets it."""
+
     description: str = ""
     """One line on what the profile models."""
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ConfigError("workload name must not be empty")
+        if not 0.0 <= self.end_sign_share <= 1.0:
+            raise ConfigError(f"workload {self.name}: end_sign_share must be in [0, 1]")
         if self.system_prompt_tokens < 0 or self.max_context_tokens < 0:
             raise ConfigError(f"workload {self.name}: token counts must be >= 0")
         if self.max_context_tokens and self.max_context_tokens <= self.system_prompt_tokens:
@@ -133,6 +142,8 @@ class ProgramSpec:
     replies and observations the first request already carries. 0: the program starts new."""
     start_wait_s: float = 0.0
     """Workload seconds before that first call (the rest of the previous step's tool time)."""
+    signs_end: bool = False
+    """Its last answer carries the end sign (``WorkloadProfile.end_sign_share``)."""
 
     def prompt_tokens_at(self, step: int) -> int:
         """Nominal prompt tokens of LLM call ``step``: system + instance + every earlier output
@@ -189,12 +200,15 @@ def program_at(profile: WorkloadProfile, seed: int, index: int, instance_tokens:
             context += s.output_tokens + s.observation_tokens
             kept += 1
         steps = steps[:kept]
+    # Drawn last, so that no other draw depends on the share.
+    signs = profile.end_sign_share > 0 and len(steps) == n and rng.random() < profile.end_sign_share
     return ProgramSpec(
         program_id=f"{profile.name}-{seed}-{index}",
         index=index,
         system_prompt_tokens=profile.system_prompt_tokens,
         instance_tokens=instance,
         steps=tuple(steps),
+        signs_end=signs,
     )
 
 

@@ -14,13 +14,18 @@ request's arrival (``Served.returns``), ``s10`` the KV references of likely ende
 dropped (``inferred_unref_belief``, P(ended) at which an idle inferred program's KV reference
 was closed while it kept its place) beside that default, and ``s11`` the better of them, u0.5, on
 fresh seeds 4–6: worst cell 0.972 against 0.966 on seeds 1–3, then 0.963 against 0.969 on 4–6, a
-gain that did not hold, so the option was removed and ``s10``/``s11`` no longer run."""
+gain that did not hold, so the option was removed and ``s10``/``s11`` no longer run. ``s12`` ran
+the default on seeds 1–12; ``s13`` the mini-swe-agent cells with the end sign
+(``conversations`` rule 7) on a share of the programs' last answers (the profile's
+``end_sign_share``; the explicit-id rows are ``s12``'s, run for run)."""
 
+import dataclasses
 import json
 import sys
 import time
 
 from thunder_sgl.benchmark.des.run import run_des
+from thunder_sgl.benchmark.workloads.profile import load_profile
 from thunder_sgl.config import ProgramsConfig, RouterConfig
 
 MINI = [("glm46-fp8-h100x8", 2, "mini-swe-agent", 140), ("glm46-fp8-h100x8", 2, "mini-swe-agent", 280)]
@@ -62,6 +67,8 @@ SETS = {
     "s11": (MINI + CPU, (4, 5, 6), [EXPLICIT, ("thunder-inferred", "b0.9", {}),
                                     ("thunder-inferred", "u0.5", dict(inferred_unref_belief=0.5))]),
     "s12": (MINI + CPU, tuple(range(1, 13)), [EXPLICIT, ("thunder-inferred", "b0.9", {})]),
+    "s13": (MINI, tuple(range(1, 13)), [EXPLICIT] + [("thunder-inferred", f"sign{x}", {"end_sign_share": x})
+                                                     for x in (0.5, 0.9)]),
 }
 
 if __name__ == "__main__":
@@ -72,7 +79,11 @@ if __name__ == "__main__":
             for cl, nodes, prof, n in cells[part::2]:
                 for router, variant, kw in variants:
                     t = time.time()
-                    r = run_des(cl, nodes, router, prof, n, 900, warmup_s=600, seed=seed,
+                    kw = dict(kw)
+                    profile = load_profile(prof)
+                    if "end_sign_share" in kw:  # a workload setting, not the router's
+                        profile = dataclasses.replace(profile, end_sign_share=kw.pop("end_sign_share"))
+                    r = run_des(cl, nodes, router, profile, n, 900, warmup_s=600, seed=seed,
                                 router_config=RouterConfig(programs=ProgramsConfig(**kw)))
                     row = dict(cell=f"{prof}-{n}", seed=seed, router=router, variant=variant,
                                spm=round(r.steps_per_min, 1), hit=round(r.kv_hit_rate, 3),
