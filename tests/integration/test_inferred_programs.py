@@ -236,3 +236,6 @@ def test_an_answer_that_calls_none_of_the_offered_tools_hints_the_end_until_the_
     assert hint_of("c", stream=False, offer=False) == [None, None]
     m = metrics(router.url)
     assert m['thunder_inferred_requests_total{result="matched"}'] == 3  # every second step continued its program
+    # two plain answers were followed by another request: the learnt share falls below its prior
+    assert m['thunder_inferred_end_hint_share{kind="plain"}'] < 0.25
+    assert m['thunder_inferred_end_hint_share{kind="sign"}'] == 0.75

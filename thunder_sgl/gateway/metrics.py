@@ -144,6 +144,12 @@ class _StateCollector(Collector):
             yield inf
             yield GaugeMetricFamily("thunder_inferred_conversations", "Conversations the program inference tracks",
                                     value=len(conv))
+            hint = GaugeMetricFamily("thunder_inferred_end_hint_share", "Learnt share of answers with this end hint "
+                                     "(sign: a finishing tool or marker; plain: offered tools left uncalled) that "
+                                     "were their inferred program's last (prior until some are seen)", labels=["kind"])
+            for kind in ("sign", "plain"):
+                hint.add_metric([kind], c.lengths.hint_rate(kind))
+            yield hint
         rate = s.cached_tokens / s.prompt_tokens if s.prompt_tokens else 0.0
         yield GaugeMetricFamily("thunder_kv_hit_rate", "Cached / prompt tokens seen in usage since start", value=rate)
         demand = GaugeMetricFamily("thunder_backend_demand_tokens", "Decayed program demand per backend at the last tick",
