@@ -14,15 +14,16 @@ from thunder_sgl.benchmark.des.baselines import (
     SglangCacheAware,
     SmgCacheAware,
     make_baseline,
+    text_key,
 )
 
 
 def key(*runs: tuple[int, int]) -> bytes:
-    """Packed tokens: each run is (first id, count) of consecutive ids."""
+    """The routed text of packed tokens: each run is (first id, count) of consecutive ids."""
     out = array("I")
     for start, n in runs:
         out.extend(range(start, start + n))
-    return out.tobytes()
+    return text_key(out.tobytes())
 
 
 def req(*runs: tuple[int, int]) -> RouteRequest:
@@ -106,35 +107,79 @@ def test_agent_program_sticks_to_its_worker_and_new_programs_follow_the_shared_p
     assert ca.select(req(system, (3, 500), (70_000, 300))) == 1
 
 
+def test_text_key_spells_each_token_as_a_word_of_the_drivers_text() -> None:
+    from thunder_sgl.textgen import WORDS
+
+    k = key((1, 3), (10_000, 2))
+    words = k.decode().split(" ")
+    assert words[-1] == "" and len(words) == 6 and all(w in WORDS for w in words[:-1])
+    assert k.startswith(key((1, 3))) and key((2, 1)) == key((1, 3))[len(key((1, 1))):][: len(key((2, 1)))]
+    assert len({key((i, 1)) for i in range(3000)}) == len(WORDS)  # every word is used
+
+
 def test_tree_match_counts_partial_edges_and_split_keeps_tenants() -> None:
     t = ApproxTree()
-    t.insert(key((1, 10)), 3)
-    assert t.match(key((1, 6), (99, 4))) == (6, 3)
-    t.insert(key((1, 6), (99, 4)), 5)  # splits the edge at 6: the prefix node carries 3 and 5
-    assert t.match(key((1, 6))) == (6, 3)
-    assert t.match(key((1, 6), (99, 4))) == (10, 5)
+    t.insert(b"abcdefghij", 3)
+    assert t.match(b"abcdefxyzw") == (6, 3)
+    t.insert(b"abcdefxyzw", 5)  # splits the edge at 6: the prefix node carries 3 and 5
+    assert t.match(b"abcdef") == (6, 3)
+    assert t.match(b"abcdefxyzw") == (10, 5)
     assert t.sizes == {3: 10, 5: 10}
+
+
+def test_a_match_that_parts_inside_a_branch_returns_that_branchs_tenant() -> None:
+    """Upstream's tree is of characters: where a new prompt parts from the shared one, it
+    follows the branch that starts with its next character as far as it matches and returns
+    that branch's tenant, not the shared node's first one."""
+    t = ApproxTree()
+    t.insert(b"SYSTEM:kettle", 0)
+    t.insert(b"SYSTEM:bottle", 1)
+    assert t.match(b"SYSTEM:banana") == (8, 1)  # "b" follows worker 1's branch
+    assert t.match(b"SYSTEM:kiwi") == (8, 0)
+    assert t.match(b"SYSTEM:zebra") == (7, 0)  # no branch starts with "z": the shared node's first
+
+
+def test_sglang_router_picks_a_shared_nodes_tenant_by_that_nodes_own_order() -> None:
+    """0.3.2 returns the first tenant of the node's DashMap, whose hash state is the node's own:
+    fixed for a node (and kept by a split), but unrelated between nodes. So programs that stop
+    at different shared nodes do not all land on one worker; smg keeps the node's creator."""
+    t = ApproxTree("dashmap")
+    firsts = []
+    for i in range(40):  # 40 shared nodes, each carrying both workers
+        stem = bytes([65 + i % 26, 65 + i // 26]) * 3
+        t.insert(stem + b"x", 0)
+        t.insert(stem + b"y", 1)
+        first = t.match(stem + b"z")[1]
+        assert all(t.match(stem + b"z")[1] == first for _ in range(3))  # fixed for the node
+        firsts.append(first)
+    assert 10 < firsts.count(0) < 30  # both workers come first at some nodes
+    smg = ApproxTree("earliest")
+    smg.insert(b"AAx", 1)
+    smg.insert(b"AAy", 0)
+    assert smg.match(b"AAz") == (2, 1)
+    with pytest.raises(ValueError):
+        ApproxTree("random")
 
 
 def test_per_worker_eviction_drops_least_recently_used_leaves_first() -> None:
     t = ApproxTree()
-    t.insert(key((1, 10)), 0)  # oldest
-    t.insert(key((100, 10)), 0)
-    t.insert(key((200, 10)), 1)
-    t.insert(key((300, 10)), 0)  # newest
+    t.insert(b"aaaaaaaaaa", 0)  # oldest
+    t.insert(b"bbbbbbbbbb", 0)
+    t.insert(b"cccccccccc", 1)
+    t.insert(b"dddddddddd", 0)  # newest
     freed = t.evict(20, per_tenant=True)
     assert freed == 10 and t.sizes == {0: 20, 1: 10}
-    assert t.match(key((1, 10)))[0] == 0
-    assert t.match(key((300, 10))) == (10, 0)
+    assert t.match(b"aaaaaaaaaa")[0] == 0
+    assert t.match(b"dddddddddd") == (10, 0)
 
 
 def test_whole_tree_eviction_bounds_the_sum_over_workers() -> None:
     t = ApproxTree()
     for i, w in enumerate([0, 1, 0, 1]):
-        t.insert(key((1000 * (i + 1), 10)), w)
+        t.insert(bytes([97 + i]) * 10, w)
     t.evict(25, per_tenant=False)
     assert t.total_size == 20
-    assert t.match(key((1000, 10)))[0] == 0 and t.match(key((4000, 10)))[0] == 10
+    assert t.match(b"aaaaaaaaaa")[0] == 0 and t.match(b"dddddddddd")[0] == 10
 
 
 @pytest.mark.parametrize(

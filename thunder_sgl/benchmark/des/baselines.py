@@ -17,10 +17,18 @@ Sources read (cited by path; "repo" is upstream and may be newer than the releas
   the installed package's ``--help`` text for the spill gate, the whole-tree size bound and
   worker overload protection (``docs/sglang-surface.md`` §4).
 
-Characters. Both routers' HTTP path keeps an approximate radix tree of request *text* (one node
-edge per run of characters). In the DES a request is token ids, and one token id plays the role
-of one character (packed 4 bytes per token). Match *rates* are unchanged by this; sizes are
-not, so ``max_tree_size`` (in characters upstream) is divided by ``CHARS_PER_TOKEN``.
+Characters. Both routers' HTTP path keeps an approximate radix tree of request *text*, one
+character per step, children keyed by their first character. In the DES a request is token ids;
+``text_key`` spells each token as a short English word (the words the benchmark's HTTP and real
+drivers write, ``textgen``) and the tree works on those characters, so sizes are in characters
+as upstream. The spelling matters: where two prompts part (a new program's task after the
+shared system prompt), the next characters begin a common word, so an earlier program's branch
+usually shares them, the match descends into that branch and upstream returns a tenant of
+*that* node. Keyed by whole token ids (as the DES did until 2026-12-06) the match stopped at the
+shared prompt's node and every new program went to one tenant: one worker of two took three
+quarters of a two-engine cpu-agent run's requests, where the real sglang_router 0.3.2, on the
+same simulated workers over HTTP, kept both busy in one run of four
+(``bench/results/des-stock-router-chars/``).
 """
 
 from __future__ import annotations
@@ -30,14 +38,39 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from thunder_sgl.backends.parse import RankLoad
 from thunder_sgl.sim.radix import common_prefix_bytes
+from thunder_sgl.textgen import WORDS
 
 CHARS_PER_TOKEN = 4
 """Characters of chat text per token (the simulator's tokenizer: just under 4)."""
 
+def _word_table() -> tuple[np.ndarray, np.ndarray]:
+    words = [w.encode() + b" " for w in WORDS]
+    width = max(len(w) for w in words)
+    table = np.zeros((len(words), width), dtype=np.uint8)
+    for i, w in enumerate(words):
+        table[i, : len(w)] = np.frombuffer(w, dtype=np.uint8)
+    return table, np.array([len(w) for w in words])
+
+
+_WORDS, _WORD_LEN = _word_table()
+
 MAX_TREE_SIZE_CHARS = 1 << 26
 """``--max-tree-size`` default of both routers (characters)."""
+
+
+def text_key(tokens: bytes) -> bytes:
+    """The routed text of a prompt given as packed uint32 token ids: each token spelt as one
+    word of ``textgen.WORDS`` and a space, chosen by its id (a pure function, so equal token
+    prefixes give equal text). The benchmark's HTTP and real drivers send text of those same
+    words, so the router's tree branches here as it does on their requests."""
+    ids = np.frombuffer(tokens, dtype=np.uint32).astype(np.uint64)
+    w = ((ids * np.uint64(0x9E3779B1)) >> np.uint64(11)) % np.uint64(len(_WORDS))
+    rows = _WORDS[w]
+    return rows[np.arange(rows.shape[1])[None, :] < _WORD_LEN[w][:, None]].tobytes()
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +78,7 @@ class RouteRequest:
     """What a stock router sees of one request."""
 
     key: bytes
-    """The routed text: here packed uint32 token ids, one token standing for one character."""
+    """The routed text, one byte per character (``text_key`` of the prompt's token ids)."""
     program_id: str | None = None
     """Only routers with a sticky policy read it (none of these)."""
     now: float = 0.0
@@ -104,12 +137,23 @@ class RoundRobin(Policy):
 
 
 # ---- the approximate tree ------------------------------------------------------------------
-class _Node:
-    __slots__ = ("key", "children", "tenants", "parent")
+def _mix(x: int) -> int:
+    """A 64-bit mix (splitmix64's finaliser): a fixed pseudo-random function of ``x``."""
+    x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return x ^ (x >> 31)
 
-    def __init__(self, key: bytes, parent: _Node | None) -> None:
+
+class _Node:
+    __slots__ = ("key", "children", "tenants", "parent", "salt")
+
+    def __init__(self, key: bytes, parent: _Node | None, salt: int = 0) -> None:
         self.key = key
-        self.children: dict[bytes, _Node] = {}
+        self.salt = salt
+        """Seeds this node's order of tenants (``ApproxTree.pick``)."""
+        self.children: dict[int, _Node] = {}
+        """By the first character (byte) of the child's edge."""
         self.tenants: dict[int, int] = {}
         """tenant → last access epoch; insertion order stands for upstream's tenant choice."""
         self.parent = parent
@@ -120,15 +164,22 @@ class ApproxTree:
     carries the tenant; a leaf's access epoch orders LRU eviction; a prefix match returns the
     matched length (partial edges count) and one tenant of the deepest matched node.
 
-    Which tenant: upstream returns the node's cached "last tenant" (the tenant that created the
-    node, copied on split; 0.3.2 took the first of a DashMap's iteration order). Here it is the
-    earliest tenant still on the node — deterministic, and the creator whenever it remains.
+    Which tenant (``order``): smg returns the node's cached "last tenant" (the tenant that created
+    the node, copied on split): ``"earliest"``, the earliest tenant still on the node, which is the
+    creator whenever it remains. sglang_router 0.3.2 takes the first of the node's DashMap in
+    iteration order, and each node's map hashes with its own random state (cloned on a split):
+    ``"dashmap"``, a fixed pseudo-random order of the tenants per node, drawn from the node's
+    creation number, so a run is deterministic while nodes disagree as upstream's do.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, order: str = "earliest") -> None:
+        if order not in ("earliest", "dashmap"):
+            raise ValueError(f"unknown tenant order {order!r}")
+        self.order = order
+        self._made = 0
         self.root = _Node(b"", None)
         self.sizes: dict[int, int] = {}
-        """Tokens ("characters") per tenant, as ``tenant_char_count``."""
+        """Characters per tenant, as ``tenant_char_count``."""
         self._epoch = 0
 
     def add_tenant(self, tenant: int) -> None:
@@ -142,16 +193,16 @@ class ApproxTree:
     def _claim(self, node: _Node, tenant: int, epoch: int) -> None:
         if tenant not in node.tenants:
             node.tenants[tenant] = epoch
-            self.sizes[tenant] = self.sizes.get(tenant, 0) + (len(node.key) >> 2)
+            self.sizes[tenant] = self.sizes.get(tenant, 0) + len(node.key)
 
     def insert(self, key: bytes, tenant: int) -> None:
         self.add_tenant(tenant)
         node, pos, n = self.root, 0, len(key)
         while pos < n:
-            child = node.children.get(key[pos : pos + 4])
+            child = node.children.get(key[pos])
             if child is None:
-                leaf = _Node(key[pos:], node)
-                node.children[key[pos : pos + 4]] = leaf
+                leaf = _Node(key[pos:], node, self._salt())
+                node.children[key[pos]] = leaf
                 self._claim(leaf, tenant, self._tick())
                 return
             ck = child.key
@@ -161,22 +212,22 @@ class ApproxTree:
                 continue
             a = key[pos : pos + len(ck)]
             shared = common_prefix_bytes(a, ck[: len(a)])
-            shared -= shared % 4
-            mid = _Node(ck[:shared], node)  # the split keeps the child's tenants (cloned map)
+            mid = _Node(ck[:shared], node, child.salt)  # the split keeps the child's tenants (cloned map)
             mid.tenants = dict(child.tenants)
             child.key = ck[shared:]
             child.parent = mid
-            mid.children[child.key[:4]] = child
-            node.children[ck[:4]] = mid
+            mid.children[child.key[0]] = child
+            node.children[ck[0]] = mid
             self._claim(mid, tenant, 0)
             node, pos = mid, pos + shared
         node.tenants[tenant] = self._tick()  # the path ends on an existing node: refresh it
 
     def match(self, key: bytes) -> tuple[int, int | None]:
-        """(matched tokens, tenant of the deepest matched node; None for an empty tree)."""
+        """(matched characters, tenant of the deepest matched node; None for an empty tree).
+        A partial match of a child's edge ends in that child, as upstream's does."""
         node, pos, n = self.root, 0, len(key)
         while pos < n:
-            child = node.children.get(key[pos : pos + 4])
+            child = node.children.get(key[pos])
             if child is None:
                 break
             ck = child.key
@@ -184,12 +235,20 @@ class ApproxTree:
                 node, pos = child, pos + len(ck)
                 continue
             a = key[pos : pos + len(ck)]
-            shared = common_prefix_bytes(a, ck[: len(a)])
-            pos += shared - shared % 4
+            pos += common_prefix_bytes(a, ck[: len(a)])
             node = child
             break
-        tenant = next(iter(node.tenants), None)
-        return pos >> 2, tenant
+        return pos, self.pick(node)
+
+    def pick(self, node: _Node) -> int | None:
+        """The tenant a match ending at ``node`` returns (``order``)."""
+        if self.order == "earliest" or len(node.tenants) < 2:
+            return next(iter(node.tenants), None)
+        return min(node.tenants, key=lambda t: _mix(node.salt ^ (t + 1)))
+
+    def _salt(self) -> int:
+        self._made += 1
+        return _mix(self._made)
 
     @property
     def total_size(self) -> int:
@@ -214,8 +273,8 @@ class ApproxTree:
 
     def evict(self, max_size: int, per_tenant: bool) -> int:
         """Drop least recently used leaves until every tenant (``per_tenant``, 0.3.2's
-        ``evict_tenant_by_size``) or the whole tree (smg) holds at most ``max_size`` tokens.
-        Returns tokens freed."""
+        ``evict_tenant_by_size``) or the whole tree (smg) holds at most ``max_size`` characters.
+        Returns characters freed."""
         total = self.total_size
 
         def over(t: int) -> bool:
@@ -233,7 +292,7 @@ class ApproxTree:
             if not over(t) or t not in node.tenants or any(t in c.tenants for c in node.children.values()):
                 continue  # within bound, or a stale entry
             del node.tenants[t]
-            size = len(node.key) >> 2
+            size = len(node.key)
             self.sizes[t] -= size
             total -= size
             freed += size
@@ -241,7 +300,7 @@ class ApproxTree:
             if parent is None:
                 continue
             if not node.children and not node.tenants:
-                del parent.children[node.key[:4]]
+                del parent.children[node.key[0]]
             if parent is not self.root and t in parent.tenants and not any(t in c.tenants for c in parent.children.values()):
                 seq += 1
                 heapq.heappush(heap, (parent.tenants[t], seq, t, parent))
@@ -260,14 +319,17 @@ class SglangCacheAware(Policy):
        sequential distinct prompts at zero load all go to worker 0).
     4. The request is inserted under the chosen worker in every case.
     5. Every ``eviction_interval_secs`` (60) LRU leaves are evicted per worker until each holds at
-       most ``max_tree_size`` characters (2^26; here ``2^26 / CHARS_PER_TOKEN`` tokens).
+       most ``max_tree_size`` characters (2^26).
 
-    Simplified: no health checks, retries or circuit breaker (every worker is healthy); the
-    tenant of a shared node is the earliest still on it (``ApproxTree``).
+    Simplified: no health checks, retries or circuit breaker (every worker is healthy). The
+    tenant of a node several workers share is the first in that node's own pseudo-random order
+    (``ApproxTree``, order ``"dashmap"``).
     """
 
     name = "sglang-cache_aware"
     eviction_interval_s: float | None = 60.0
+    tenant_order = "dashmap"
+    """Which tenant of a matched node (``ApproxTree``): 0.3.2's DashMap iteration order."""
 
     def __init__(
         self,
@@ -275,7 +337,7 @@ class SglangCacheAware(Policy):
         cache_threshold: float = 0.3,
         balance_abs_threshold: int = 64,
         balance_rel_threshold: float = 1.5,
-        max_tree_size: int = MAX_TREE_SIZE_CHARS // CHARS_PER_TOKEN,
+        max_tree_size: int = MAX_TREE_SIZE_CHARS,
         eviction_interval_s: float = 60.0,
     ) -> None:
         super().__init__(n_workers)
@@ -284,7 +346,7 @@ class SglangCacheAware(Policy):
         self.rel_threshold = balance_rel_threshold
         self.max_tree_size = max_tree_size
         self.eviction_interval_s = eviction_interval_s
-        self.tree = ApproxTree()
+        self.tree = ApproxTree(self.tenant_order)
         for i in range(n_workers):
             self.tree.add_tenant(i)
         self.decisions = {"imbalanced": 0, "match": 0, "miss": 0}
@@ -305,7 +367,7 @@ class SglangCacheAware(Policy):
 
     def _by_match(self, key: bytes, workers: Sequence[int]) -> int:
         matched, tenant = self.tree.match(key)
-        rate = matched / (len(key) >> 2) if key else 0.0
+        rate = matched / len(key) if key else 0.0
         if rate > self.cache_threshold and tenant is not None:
             self.decisions["match"] += 1
             return tenant
@@ -343,6 +405,8 @@ class SmgCacheAware(SglangCacheAware):
     """
 
     name = "smg-cache_aware"
+    tenant_order = "earliest"
+    """smg caches the node's last tenant: its creator (``ApproxTree``)."""
     poll_interval_s: float | None = 10.0
 
     def __init__(
@@ -382,7 +446,7 @@ class SmgCacheAware(SglangCacheAware):
             self.tree.insert(request.key, i)
             return self._send(i)
         matched, tenant = self.tree.match(request.key)
-        rate = matched / (len(request.key) >> 2) if request.key else 0.0
+        rate = matched / len(request.key) if request.key else 0.0
         if rate > self.cache_threshold and tenant is not None:
             if self.overloaded[tenant]:
                 self.decisions["overload_fallback"] += 1

@@ -26,7 +26,7 @@ from thunder_sgl.backends.parse import (
     parse_prometheus,
     parse_server_info,
 )
-from thunder_sgl.benchmark.des.baselines import Policy, RouteRequest
+from thunder_sgl.benchmark.des.baselines import Policy, RouteRequest, text_key
 from thunder_sgl.config import RouterConfig
 from thunder_sgl.control.controller import Controller
 from thunder_sgl.control.conversations import SIGN
@@ -202,6 +202,21 @@ class ThunderRouter:
         return self.ctl.held_count
 
 
+def routed_text(tokens: Any) -> bytes:
+    """The text a stock router routes a DES prompt by (``baselines.text_key``), with the header
+    the benchmark's HTTP and real drivers put before a program's task
+    (``workloads.conversation.instance_text``: ``Task <program id>:``). The header matters to a
+    character tree: after the shared system prompt every task starts with it, and new programs
+    branch on their ids' digits, into nodes that earlier programs of both workers share."""
+    prompt = tokens.prompt
+    spec = getattr(tokens, "spec", None)
+    if spec is None:  # a trace's turn (``des.trace``): its prompt carries no task header
+        return text_key(prompt)
+    cut = len(tokens.layout.shared_prefix)
+    head = b"" if spec.task is not None else f"Task {spec.program_id}:\n".encode()  # a group's task is shared
+    return text_key(prompt[:cut]) + head + text_key(prompt[cut:])
+
+
 class StockRouter:
     """A stock policy of ``baselines``: routes each request when it is issued, never holds."""
 
@@ -215,7 +230,7 @@ class StockRouter:
         self.next_evict = e if e else math.inf
 
     def send(self, agent: Any, prompt_tokens: int, now: float) -> list[Dispatch]:
-        i = self.policy.select(RouteRequest(agent.tokens.prompt, agent.pid, now))
+        i = self.policy.select(RouteRequest(routed_text(agent.tokens), agent.pid, now))
         agent.ticket = i
         return [Dispatch(agent, i, None)]
 
