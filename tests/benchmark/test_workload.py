@@ -249,3 +249,27 @@ def test_warm_start_joins_the_first_programs_mid_life_and_keeps_the_program_sequ
     assert warm_start(a[0], 5) != warm_start(a[0], 4) or len(a[0].steps) == 1
     with pytest.raises(ValueError, match="warm"):
         ProgramSource(p, 4, warm=-1)
+
+
+def test_the_end_sign_is_drawn_last_and_never_on_a_program_the_context_limit_cut():
+    """``end_sign_share``: the share of programs whose last answer signs their end (the DES's
+    ``thunder-inferred`` reads it, ``conversations`` rule 7); drawn after every other draw, so
+    the programs are the same whatever the share, and no program cut short by the context limit
+    signs."""
+    base = replace(load_profile("mini-swe-agent"), max_context_tokens=0)
+    half, full = replace(base, end_sign_share=0.5), replace(base, end_sign_share=1.0)
+    signs = []
+    for i in range(400):
+        p0, p5, p1 = (program_at(p, 7, i) for p in (base, half, full))
+        assert p0.steps == p5.steps == p1.steps and p0.instance_tokens == p1.instance_tokens
+        assert not p0.signs_end and p1.signs_end
+        signs.append(p5.signs_end)
+    assert 0.4 < sum(signs) / len(signs) < 0.6
+    tight = replace(full, max_context_tokens=full.system_prompt_tokens + 20_000)
+    cut = [program_at(tight, 7, i) for i in range(400)]
+    whole = [program_at(full, 7, i) for i in range(400)]
+    shortened = [c for c, w in zip(cut, whole, strict=True) if len(c.steps) < len(w.steps)]
+    assert shortened and not any(c.signs_end for c in shortened)
+    assert all(c.signs_end for c, w in zip(cut, whole, strict=True) if len(c.steps) == len(w.steps))
+    with pytest.raises(ConfigError):
+        replace(base, end_sign_share=1.5)
