@@ -74,8 +74,14 @@ def program(router: str, pid: str) -> dict:
     return httpx.get(f"{router}/programs/{pid}", timeout=10).json()
 
 
-STORAGE_MIN = 1500
-"""Fewest of a 2,500-token context's tokens a return from the storage tier must find there."""
+BACKUP_MIN = 1500
+"""Tokens of the 2,500-token context the storage tier must have written before it is evicted."""
+
+STORAGE_MIN = 500
+"""Fewest of its tokens a return from the storage tier must find there. SGLang's storage
+prefetch is best effort: the request takes what has been loaded when it is scheduled, so on a
+loaded 2-core machine a return found 1,152 of 2,500 there (CI, 2026-12-06; 2,992 of 3,000 on an
+idle one, real-hicache-cpu.md). A recompute finds none."""
 
 
 def flush_engine(url: str, timeout: float = 120.0) -> None:
@@ -190,15 +196,17 @@ def test_a_program_whose_kv_left_host_comes_back_from_storage_and_survives_a_flu
 
     def written() -> bool:
         now = engine_tiers(url)[0].storage_backup_tokens - before
-        done = now >= STORAGE_MIN and now == settled["last"]
+        done = now >= BACKUP_MIN and now == settled["last"]
         settled["last"] = now
         return done
 
     wait_until(written, 60, "the context's storage backup", interval=1.0)
     fill(url, 9, seed=2)  # 13,500 tokens: out of the device and out of the 8,192-token host tier
     m = gen(thunder.url, ctx, pid="deep")
-    # most of the 2,500 tokens come back from storage, not recomputed
-    assert m["cached_tokens_details"]["storage"] >= STORAGE_MIN, m["cached_tokens_details"]
+    # the tokens come back from storage (as many as the best-effort prefetch loaded), not from the
+    # device or host, which they left
+    d = m["cached_tokens_details"]
+    assert d["storage"] >= STORAGE_MIN and d["device"] + d["host"] < STORAGE_MIN, d
     p = program(thunder.url, "deep")
     assert p["tokens"]["cached_by_tier"]["storage"] == m["cached_tokens_details"]["storage"]
 
