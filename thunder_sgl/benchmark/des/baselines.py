@@ -27,8 +27,8 @@ usually shares them, the match descends into that branch and upstream returns a 
 *that* node. Keyed by whole token ids (as the DES did until 2026-12-06) the match stopped at the
 shared prompt's node and every new program went to one tenant: one worker of two took three
 quarters of a two-engine cpu-agent run's requests, where the real sglang_router 0.3.2, on the
-same simulated workers over HTTP, kept both busy in one run of four
-(``bench/results/des-stock-router-chars/``).
+same simulated workers over HTTP, kept both busy in two runs of four (in the other two its
+shared nodes happened to prefer one worker; ``bench/results/des-stock-router-chars/``).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from thunder_sgl.textgen import WORDS
 
 CHARS_PER_TOKEN = 4
 """Characters of chat text per token (the simulator's tokenizer: just under 4)."""
+
 
 def _word_table() -> tuple[np.ndarray, np.ndarray]:
     words = [w.encode() + b" " for w in WORDS]
