@@ -658,8 +658,8 @@ class Controller:
         (``ProgramsConfig``): while programs wait with a request, one per waiting program among
         the inferred programs idle at least ``inferred_pause_min_seconds`` whose probability of
         having ended (``programs.lengths``: how many steps programs take, against how long
-        tools on their backend last, and what its last answer hinted, ``conversations`` rule 7) is at least ``inferred_pause_belief``, the likeliest
-        first; and any idle for ``inferred_pause_seconds`` (a multiple of the longest tool it
+        tools on their backend last, and what its last answer hinted, ``conversations`` rule
+        7) is at least ``inferred_pause_belief``, the likeliest first; and any idle for ``inferred_pause_seconds`` (a multiple of the longest tool it
         has shown)."""
         if not self._inferred_live:
             return []
