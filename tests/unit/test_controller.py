@@ -406,16 +406,29 @@ def test_an_idle_inferred_program_goes_dormant_gives_back_its_place_and_comes_ba
     assert p.steps == 2
 
 
-def _two_inferred_and_one_explicit() -> Controller:
+def _two_inferred_and_one_explicit(a_hint: str | None = None) -> Controller:
     """A full 3,000-token pool: inferred programs inf-a and inf-b and one explicit, each of
-    800 tokens after one step that ended at t = 1."""
+    800 tokens after one step that ended at t = 1 (inf-a's answer hinted ``a_hint``)."""
     c = make(hbm=3000)
     for pid, inferred in (("inf-a", True), ("inf-b", True), ("explicit", False)):
         t = Ticket(pid, prompt_chars=3200, inferred=inferred)
         if c.submit(t, 0.0) is None:
             assert t in c.tick(0.0).dispatched
+        t.end_hint = a_hint if pid == "inf-a" else None
         c.finish(t, 1.0, Usage(800, 10))
     return c
+
+
+def _tools_of_1_to_4_s_and_programs_of_about_20_steps(c: Controller) -> None:
+    """Teach ``c`` tool calls of 1–4 s on its backend and programs that end after 18–22 steps."""
+    b = c.backends["http://w0"]
+    for _ in range(25):
+        for s in (1.0, 2.0, 3.0, 4.0):
+            b.served.returns.add(s)
+    for n in (18, 20, 22) * 10:
+        for k in range(1, n + 1):
+            c.lengths.step(k)
+        c.lengths.end(n)
 
 
 def _programs_end_after_one_or_two_steps(c: Controller) -> None:
@@ -453,14 +466,8 @@ def test_a_program_that_ends_late_in_a_long_tool_workload_is_not_guessed_ended_e
     """The same 2.5 s of silence after the first step, where tools last 1–4 s and programs
     take about 20 steps: P(ended) is small, so the waiting program waits."""
     c = _two_inferred_and_one_explicit()
+    _tools_of_1_to_4_s_and_programs_of_about_20_steps(c)
     b = c.backends["http://w0"]
-    for _ in range(25):
-        for s in (1.0, 2.0, 3.0, 4.0):
-            b.served.returns.add(s)
-    for n in (18, 20, 22) * 10:
-        for k in range(1, n + 1):
-            c.lengths.step(k)
-        c.lengths.end(n)
     t = ticket("new", 800)
     assert c.submit(t, 3.5) is None
     assert c.tick(3.5).paused == []
@@ -472,30 +479,16 @@ def test_an_inferred_program_whose_last_answer_signed_its_end_goes_dormant_first
     first step makes nobody ended (the test above), except the program whose answer carried the
     end sign; its place goes to the waiting program. The hint lasts until the program asks
     again (counted as a hint it came back from) or ends (counted as one that ended it)."""
-    c = make(hbm=3000)
-    for pid, sign in (("inf-a", True), ("inf-b", False), ("explicit", False)):
-        t = Ticket(pid, prompt_chars=3200, inferred=pid != "explicit")
-        if c.submit(t, 0.0) is None:
-            assert t in c.tick(0.0).dispatched
-        t.end_hint = "sign" if sign else None
-        c.finish(t, 1.0, Usage(800, 10))
+    c = _two_inferred_and_one_explicit(a_hint="sign")
+    _tools_of_1_to_4_s_and_programs_of_about_20_steps(c)
     b = c.backends["http://w0"]
-    for _ in range(25):
-        for s in (1.0, 2.0, 3.0, 4.0):
-            b.served.returns.add(s)
-    for n in (18, 20, 22) * 10:
-        for k in range(1, n + 1):
-            c.lengths.step(k)
-        c.lengths.end(n)
     a, inf_b = c.programs.get("inf-a"), c.programs.get("inf-b")
     assert a.end_hint == "sign" and inf_b.end_hint is None
     t = ticket("new", 800)
     assert c.submit(t, 3.5) is None
     # the prior alone (0.75) is not enough after a silence half the tools outlast: 0.86 < 0.9
     assert c.tick(3.5).paused == []
-    for _ in range(10):  # ten signed answers were their program's last
-        c.lengths.hint_outcome("sign", ended=True)
-    c.lengths.hints["sign"] = [10.0, 0.0]
+    c.lengths.hints["sign"] = [10.0, 0.0]  # ten signed answers were their program's last
     assert c.programs.get("explicit").end_hint is None  # explicit ids: hints are not read
     res = c.tick(3.6)
     assert res.paused == [a] and a.dormant and t in res.dispatched and inf_b.active
