@@ -462,6 +462,34 @@ def test_while_programs_wait_an_inferred_program_likely_ended_goes_dormant_first
     assert c.programs.get("inf-b").active and c.programs.get("explicit").active
 
 
+def test_each_tick_reads_how_likely_an_idle_inferred_program_ended_for_the_admission_rule():
+    """``Program.ended_p``: the probability the dormant rule reads, kept on every admitted
+    inferred program that waits for its client, with or without programs waiting, so that its
+    backend's admission rule can count it out of the programs that cycle; 0 while its
+    request runs, 0 for a program with an explicit id, 0 once dormant."""
+    c = _two_inferred_and_one_explicit()
+    b = c.backends["http://w0"]
+    for _ in range(50):
+        b.served.returns.add(1.0)
+    _programs_end_after_one_or_two_steps(c)
+    a, explicit = c.programs.get("inf-a"), c.programs.get("explicit")
+    c.tick(1.5)  # 0.5 s after its answer: half of the tools outlast that
+    early = a.ended_p
+    assert 0.0 < early < 0.9
+    c.tick(3.5)  # 2.5 s: past every tool
+    assert a.ended_p > 0.9 > early and explicit.ended_p == 0.0
+    assert a.ended_p == pytest.approx(c.lengths.ended_probability(a.steps, b.served.returns.survival(2.5)))
+    again = Ticket("inf-a", prompt_chars=3600, inferred=True)
+    assert c.submit(again, 4.0) is b
+    c.tick(4.5)
+    assert a.ended_p == 0.0  # its client asked again: it cycles
+    c.finish(again, 5.0, Usage(900, 10))
+    t = ticket("new", 800)
+    assert c.submit(t, 8.0) is None  # a program waits: the likeliest ended one goes dormant
+    res = c.tick(8.0)
+    assert res.paused and all(p.dormant and p.ended_p == 0.0 for p in res.paused)
+
+
 def test_a_program_that_ends_late_in_a_long_tool_workload_is_not_guessed_ended_early():
     """The same 2.5 s of silence after the first step, where tools last 1–4 s and programs
     take about 20 steps: P(ended) is small, so the waiting program waits."""

@@ -659,8 +659,12 @@ class Controller:
         the inferred programs idle at least ``inferred_pause_min_seconds`` whose probability of
         having ended (``programs.lengths``: how many steps programs take, against how long
         tools on their backend last, and what its last answer hinted, ``conversations`` rule
-        7) is at least ``inferred_pause_belief``, the likeliest first; and any idle for ``inferred_pause_seconds`` (a multiple of the longest tool it
-        has shown)."""
+        7) is at least ``inferred_pause_belief``, the likeliest first; and any idle for
+        ``inferred_pause_seconds`` (a multiple of the longest tool it has shown).
+
+        On the way it reads each idle inferred program's probability of having ended into
+        ``Program.ended_p``, which its backend's admission rule reads (``scheduler.goodput``:
+        an ended agent that could not say so is no program that cycles)."""
         if not self._inferred_live:
             return []
         pc = self.cfg.programs
@@ -669,24 +673,25 @@ class Controller:
         waiting = -1  # counted once, when a candidate needs it
         for p in self.programs.values():
             if not p.inferred or not p.active or p.in_flight or p.held or p.tool_running:
+                p.ended_p = 0.0
                 continue
             idle = now - p.last_active
             if idle > pc.inferred_pause_seconds(p.max_tool_seconds):
                 forced.append(p)
                 continue
+            b = self.backends.get(p.backend)  # type: ignore[arg-type]
+            ended = self.lengths.ended_probability(p.steps, b.served.returns.survival(idle), p.end_hint) if b else 0.0
+            p.ended_p = ended  # the admission rule counts it out of the programs that cycle
             if waiting < 0:
                 waiting = sum(1 for q in self.programs.waiting() if q.held)
-            b = self.backends.get(p.backend) if waiting else None  # type: ignore[arg-type]
-            if b is None or idle <= pc.inferred_pause_min_seconds:
-                continue
-            ended = self.lengths.ended_probability(p.steps, b.served.returns.survival(idle), p.end_hint)
-            if ended >= pc.inferred_pause_belief:
+            if waiting and b is not None and idle > pc.inferred_pause_min_seconds and ended >= pc.inferred_pause_belief:
                 maybe.append((ended, p))
         maybe.sort(key=lambda x: -x[0])
         out = forced + [p for _, p in maybe[:max(0, waiting)]]
         for p in out:
             self._pause(p, now)
             p.dormant = True
+            p.ended_p = 0.0
         self.stats.dormant += len(out)
         return out
 

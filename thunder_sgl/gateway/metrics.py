@@ -29,6 +29,7 @@ ADMISSION_GAUGES = (
     ("extra_tokens", "Tokens admitted beyond lambda_max x pool"),
     ("programs", "Programs the admission level runs (predicted)"),
     ("protected_programs", "Of them with their KV referenced"),
+    ("likely_ended_programs", "Admitted programs likely ended (inferred ids, silent): not counted as cycling"),
     ("predicted_steps_per_s", "Steps/s the model predicts at the chosen level"),
     ("predicted_fixed_steps_per_s", "Steps/s the model predicts at the fixed watermarks"),
     ("measured_steps_per_s", "Steps/s measured at the chosen level (current window)"),

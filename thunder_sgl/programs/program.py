@@ -109,6 +109,11 @@ class Program:
     """Its id was inferred from its requests' messages (``control.conversations``)."""
     end_hint: str | None = None
     """Its last answer looked like the agent's last (``Ticket.end_hint``), until it asks again."""
+    ended_p: float = 0.0
+    """The probability that it ended (``programs.lengths``), read by the controller each tick
+    while it is an admitted inferred program waiting for its client (``Controller._pause_dormant``);
+    0 otherwise. Its backend's admission rule counts it out of the programs that cycle
+    (``scheduler.goodput``, ``BackendView.ended``)."""
     dormant: bool = False
     """An inferred program paused after idling well past its tools (it may have ended; its
     client cannot say): it waits in the queue for its next request, not for room

@@ -83,6 +83,9 @@ class BackendLoad:
     """Σ expected output per step of the accounted programs."""
     active: int = 0
     """Programs counted now (accounted + placed − removed in this tick)."""
+    ended: float = 0.0
+    """Of them, how many are expected to have ended: Σ ``Program.ended_p`` (admitted inferred
+    programs whose clients have been silent for long)."""
     max_active: int | None = None
     """Most programs placements may bring the backend to (None: no bound). Set where the
     admission rule admits beyond the watermarks: its share of the programs there are
@@ -127,10 +130,11 @@ class BackendLoad:
         changed); the decay ``cost.weight`` is written out here (a call per program per tick
         was most of a tick at 10,000 programs), and ``members`` builds the objects for the few
         backends that must pause: a test checks that both give the same totals."""
-        demand = reasoning = tokens = private_total = output = 0.0
+        demand = reasoning = tokens = private_total = output = ended = 0.0
         counts, shared = self.key_counts, self.key_shared
         ntab = len(table)
         for p in progs:
+            ended += p.ended_p
             pc = p.cost_cache
             if pc is None or pc[7] or (pc[9] != default_out and p.expected_output_tokens <= 0):  # type: ignore[index]
                 pc = cost_of(p, default_out)
@@ -173,6 +177,7 @@ class BackendLoad:
         self.private_tokens += private_total
         self.output += output
         self.active += len(progs)
+        self.ended += ended
 
     def pause_candidates(self) -> list[PauseCandidate]:
         """The pausable programs (no request in flight) in pause order — acting first (held
@@ -203,6 +208,7 @@ class BackendLoad:
 
     def add(self, m: Member) -> None:
         self.active += 1
+        self.ended += m.program.ended_p
         self.demand += m.private + self.shared_added(m.cost)
         self.reasoning += m.reasoning_tokens
         pc = m.cost
@@ -216,6 +222,7 @@ class BackendLoad:
     def remove(self, m: Member) -> None:
         """Take ``m`` out of the totals (it stays in ``members``; callers track the pause set)."""
         self.active -= 1
+        self.ended -= m.program.ended_p
         self.demand -= m.private + self.shared_freed(m.cost)
         self.reasoning -= m.reasoning_tokens
         for key in (m.cost.prefix_key, m.cost.group_key):

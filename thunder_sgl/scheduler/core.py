@@ -171,7 +171,7 @@ class ThunderScheduler:
     def _view(self, ld: BackendLoad, supply: int) -> BackendView:
         n = ld.active
         return BackendView(pool=ld.pool, fit_limit=ld.fit_limit, demand=ld.demand,
-                           shared=float(sum(ld.key_shared.values())), active=n,
+                           shared=float(sum(ld.key_shared.values())), active=n, ended=max(0.0, ld.ended),
                            context=ld.private_tokens / n if n else 0.0,
                            output=ld.output / n if n else float(self.cfg.default_output_tokens),
                            supply=supply, limit_lo=ld.limit_lo, mean_tokens=ld.tokens / n if n else 0.0)

@@ -58,6 +58,16 @@ the tool time. (CPU-engine DES, ctx20-tool2-out16-x6 at steady state: without it
 the fixed watermarks 23% above what they ran, 4–5 programs and the engine 60% busy, 0.95 of
 request-level routing on one engine and 0.91 on two; with it, 1.02 on both.)
 
+The programs running are the admitted ones, and an agent that ended without saying so (an
+inferred program) stays admitted, silent, until it is made dormant or released. Each tick the
+controller reads its probability of having ended (``Program.ended_p``); their sum
+(``BackendView.ended``) is counted out of the programs that cycle, in the measured loop and
+in every level's prediction (a level keeps its n places, n − ended of them cycle). Counted
+in, the ended agents made the loop look slower than it ran (read as slack) and the fixed
+watermarks, where some places hold ended agents, predict as well as admitting all while live
+programs waited (``cpu-agent`` DES, N = 8: 0.991 of explicit ids' steps/min before, 1.001
+after; ``bench/results/inferred-des/``).
+
 **3. The choice.** Levels ``j = 0…levels``: extra tokens ``E·(g^j − 1)/(g^levels − 1)`` above
 ``λ_max·pool`` (level 0 = the fixed watermarks; g = ``LEVEL_GROWTH``: fine steps just above
 the watermarks, coarse ones far above), ``E`` what the backend's *supply* needs beyond what
@@ -517,6 +527,9 @@ class AdmissionState:
     """Programs the level admits (predicted)."""
     k: float = 0.0
     """Of them protected."""
+    ended: float = 0.0
+    """Of the backend's active programs, how many are likely ended (``BackendView.ended`` at
+    the last period): counted out of those that cycle."""
 
     @property
     def fixed_rate(self) -> float:
@@ -550,6 +563,7 @@ class AdmissionState:
             "extra_tokens": round(self.extra),
             "protected_tokens": None if math.isinf(self.protect) else round(self.protect),
             "programs": round(self.n, 2), "protected_programs": round(self.k, 2),
+            "likely_ended_programs": round(self.ended, 2),
             "predicted_steps_per_s": round(self.predicted, 4),
             "predicted_fixed_steps_per_s": round(self.predicted_fixed, 4),
             "measured_steps_per_s": round(self.measured, 4),
@@ -621,6 +635,9 @@ class BackendView:
     """The low watermark with the current extra (the occupancy rule reads it)."""
     mean_tokens: float = 0.0
     """Mean whole context c of the backend's programs (the occupancy rule reads it)."""
+    ended: float = 0.0
+    """Of the active programs, how many are expected to have ended (Σ ``Program.ended_p``:
+    inferred programs whose clients have been silent for long); they do not cycle."""
 
 
 def _counters(b: Backend) -> tuple[float, ...]:
@@ -686,8 +703,8 @@ def update(state: AdmissionState | None, b: Backend, v: BackendView, now: float,
               hbm=float(b.tiers.hbm_tokens), cache=v.pool, refs=b.session_refs and cfg.session_refs,
               tools=b.served.tool_hist.points())
     ls, lt, la = st.loop
-    loop = (keep * ls + dsteps, keep * lt + dt, keep * la + v.active * dt)
-    _write(st, loop=loop)
+    loop = (keep * ls + dsteps, keep * lt + dt, keep * la + max(0.0, v.active - v.ended) * dt)
+    _write(st, loop=loop, ended=v.ended)
     if st.busy < SLACK_BUSY and engine is not None and loop[0] >= 2 * ac.probe_min_steps:
         _write(st, slack=_slack(engine, lp, loop, v, st.churn))  # read only while the engine idles
     slack = st.slack
@@ -846,9 +863,10 @@ def _choices(v: BackendView, lp: Loop, e: Engine | None, ac: AdmissionConfig, le
     for j, n in enumerate(ns):
         c = churn * max(0.0, float(v.supply) - n) / rotating if rotating > 0 else 0.0
         k = min(n, k_fit)
-        choice = Choice(extras[j], math.inf, n, k, predict(n, k, e, lp, c).rate)
+        cycling = max(1.0, n - v.ended)  # the programs likely ended hold places at every level
+        choice = Choice(extras[j], math.inf, n, k, predict(cycling, min(k, cycling), e, lp, c).rate)
         if lp.refs and j > 0:  # none protected (only the shared prefix), if that predicts better
-            none = predict(n, 0.0, e, lp, c).rate
+            none = predict(cycling, 0.0, e, lp, c).rate
             if none > choice.rate * (1.0 + ac.min_gain):
                 choice = Choice(extras[j], v.shared, n, 0.0, none)
         out.append(choice)

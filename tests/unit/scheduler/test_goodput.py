@@ -26,6 +26,7 @@ from thunder_sgl.scheduler.goodput import (
     Loop,
     PrefillFit,
     _calibration,
+    _choices,
     _slack,
     predict,
     update,
@@ -616,6 +617,50 @@ def test_the_slack_is_read_only_while_the_engine_idles():
     assert all(h.slack == 0.0 for h in idle if h.loop[0] < 2 * AC.probe_min_steps)  # not before enough steps
     busy = Synthetic(CPU, noise=False, rate=slow, reports_busy=False).run(120)
     assert all(h.busy >= SLACK_BUSY and h.slack == 0.0 for h in busy)
+
+
+def test_programs_likely_ended_are_counted_out_of_the_programs_that_cycle():
+    """``BackendView.ended`` (Σ ``Program.ended_p``: admitted inferred programs whose clients
+    have been silent for long): the tick passes it on; each level keeps its places (its n) but
+    is predicted with that many fewer programs cycling; the measured loop counts program-seconds
+    of the others only. (Counted as cycling, the ended agents made the loop look seconds slower
+    than it ran, read as slack, and made the fixed watermarks look as good as admitting all.)"""
+    pol = ThunderScheduler(CFG)
+    seen: list[BackendView] = []
+    orig = pol._view
+
+    def spy(ld, supply):
+        v = orig(ld, supply)
+        seen.append(v)
+        return v
+
+    pol._view = spy  # type: ignore[method-assign]
+    table = ProgramTable()
+    b = backend("b", POOL)
+    for i, p_end in enumerate((0.0, 0.3, 0.9)):
+        active(table, f"a{i}", b, 1_000).ended_p = p_end
+    pol.tick(1.0, table, [b])
+    assert seen[-1].active == 3 and seen[-1].ended == pytest.approx(1.2)
+
+    v0 = dataclasses.replace(_view(8), supply=8)
+    v2 = dataclasses.replace(v0, ended=2.0)
+    c0, _ = _choices(v0, loop(), CPU, AC, 0, 0.0)
+    c2, _ = _choices(v2, loop(), CPU, AC, 0, 0.0)
+    assert [c.n for c in c2] == [c.n for c in c0]  # the same places at every level
+    for c in c2:
+        cycling = max(1.0, c.n - 2.0)
+        assert c.rate == pytest.approx(predict(cycling, min(c.k, cycling), CPU, loop()).rate)  # k = 0: none protected
+    assert c2[0].rate < c0[0].rate
+
+    class Silent(Synthetic):
+        def view(self, n: float) -> BackendView:
+            return dataclasses.replace(super().view(n), ended=2.0)
+
+    a, q = Synthetic(CPU, noise=False, reports_busy=True), Silent(CPU, noise=False, reports_busy=True)
+    a.run(1)
+    q.run(1)
+    la, lq = a.history[-1].loop, q.history[-1].loop
+    assert la[:2] == lq[:2] and lq[2] == pytest.approx(la[2] - 2.0 * CFG.tick_seconds)
 
 
 def test_probes_down_wait_while_the_engine_idles():
