@@ -17,7 +17,10 @@ fresh seeds 4–6: worst cell 0.972 against 0.966 on seeds 1–3, then 0.963 aga
 gain that did not hold, so the option was removed and ``s10``/``s11`` no longer run. ``s12`` ran
 the default on seeds 1–12; ``s13`` the mini-swe-agent cells with the end sign
 (``conversations`` rule 7) on a share of the programs' last answers (the profile's
-``end_sign_share``; the explicit-id rows are ``s12``'s, run for run)."""
+``end_sign_share``; the explicit-id rows are ``s12``'s, run for run); ``s14`` the default on
+seeds 1–12 after the admission rule counted likely ended programs out of the programs that
+cycle (``Program.ended_p``; the explicit rows and the mini-swe-agent cells are ``s12``'s run
+for run)."""
 
 import dataclasses
 import json
@@ -69,6 +72,7 @@ SETS = {
     "s12": (MINI + CPU, tuple(range(1, 13)), [EXPLICIT, ("thunder-inferred", "b0.9", {})]),
     "s13": (MINI, tuple(range(1, 13)), [EXPLICIT] + [("thunder-inferred", f"sign{x}", {"end_sign_share": x})
                                                      for x in (0.5, 0.9)]),
+    "s14": (MINI + CPU, tuple(range(1, 13)), [EXPLICIT, ("thunder-inferred", "b0.9", {})]),
 }
 
 if __name__ == "__main__":
