@@ -623,8 +623,8 @@ def test_programs_likely_ended_are_counted_out_of_the_programs_that_cycle():
     """``BackendView.ended`` (Σ ``Program.ended_p``: admitted inferred programs whose clients
     have been silent for long): the tick passes it on; each level keeps its places (its n) but
     is predicted with that many fewer programs cycling; the measured loop counts program-seconds
-    of the others only. (Counted as cycling, the ended agents made the loop look seconds slower
-    than it ran, read as slack, and made the fixed watermarks look as good as admitting all.)"""
+    of the others only. (Counted as cycling, the ended agents made the loop look slower than it
+    ran, and the fixed watermarks, some of whose places they held, as good as admitting all.)"""
     pol = ThunderScheduler(CFG)
     seen: list[BackendView] = []
     orig = pol._view
