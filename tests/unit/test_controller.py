@@ -439,6 +439,14 @@ def _programs_end_after_one_or_two_steps(c: Controller) -> None:
         c.lengths.end(n)
 
 
+def _tools_of_1_s_and_programs_of_1_or_2_steps(c: Controller) -> None:
+    """Tools of 1 s on w0 (2.5 s of silence is past every one of them) and programs that end
+    after one step half the time: an idle inferred program soon looks ended."""
+    for _ in range(50):
+        c.backends["http://w0"].served.returns.add(1.0)
+    _programs_end_after_one_or_two_steps(c)
+
+
 def test_while_programs_wait_an_inferred_program_likely_ended_goes_dormant_first():
     """Under pressure the rule is quicker: an inferred program whose probability of having ended
     (``programs.lengths``) reaches 0.9 gives its place to a waiting one, one per waiting program,
@@ -469,9 +477,7 @@ def test_each_tick_reads_how_likely_an_idle_inferred_program_ended_for_the_admis
     request runs, 0 for a program with an explicit id, 0 once dormant."""
     c = _two_inferred_and_one_explicit()
     b = c.backends["http://w0"]
-    for _ in range(50):
-        b.served.returns.add(1.0)
-    _programs_end_after_one_or_two_steps(c)
+    _tools_of_1_s_and_programs_of_1_or_2_steps(c)
     a, explicit = c.programs.get("inf-a"), c.programs.get("explicit")
     c.tick(1.5)  # 0.5 s after its answer: half of the tools outlast that
     early = a.ended_p
@@ -539,10 +545,7 @@ def test_a_dormant_program_that_asks_again_queues_from_its_request():
     dormant: of two made dormant, the one that asks first goes first (counting the wait from
     the pause instead changed nothing in the DES, bench/results/inferred-des/README.md)."""
     c = _two_inferred_and_one_explicit()
-    b = c.backends["http://w0"]
-    for _ in range(50):
-        b.served.returns.add(1.0)
-    _programs_end_after_one_or_two_steps(c)
+    _tools_of_1_s_and_programs_of_1_or_2_steps(c)
     a, bb = c.programs.get("inf-a"), c.programs.get("inf-b")
     bb.last_active = 2.0
     for pid, now, gone in (("new-1", 3.5, a), ("new-2", 5.0, bb)):
@@ -563,9 +566,7 @@ def test_a_program_paused_in_a_long_tool_counts_its_whole_silence_in_returns():
     at its dispatch after the restore, as ``tool_hist`` is, it would show almost none)."""
     c = _two_inferred_and_one_explicit()
     b = c.backends["http://w0"]
-    for _ in range(50):
-        b.served.returns.add(1.0)
-    _programs_end_after_one_or_two_steps(c)
+    _tools_of_1_s_and_programs_of_1_or_2_steps(c)
     a = c.programs.get("inf-a")
     assert c.submit(ticket("new", 800), 3.5) is None
     assert c.tick(3.5).paused == [a] and a.dormant
