@@ -239,3 +239,38 @@ def test_an_answer_that_calls_none_of_the_offered_tools_hints_the_end_until_the_
     # two plain answers were followed by another request: the learnt share falls below its prior
     assert m['thunder_inferred_end_hint_share{kind="plain"}'] < 0.25
     assert m['thunder_inferred_end_hint_share{kind="sign"}'] == 0.75
+
+
+def test_a_request_the_engine_refuses_for_its_context_hints_its_programs_end(cluster):
+    """``conversations`` rule 7, *context overflow*, through the router: an unmodified agent's
+    second request asks more than the model's context (32,768 tokens on the simulated worker,
+    which refuses it with SGLang's 400); the client gets that 400 in OpenAI's shape, streamed or
+    not, and the program keeps its one step with the hint, shown in ``/programs``. Another bad
+    request hints nothing."""
+    _, router = cluster
+
+    def run(task: str, stream: bool, max_tokens: int) -> tuple[httpx.Response, dict]:
+        msgs = [{"role": "system", "content": text(300, "sys")}, {"role": "user", "content": text(100, task)}]
+        r = httpx.post(router.url + "/v1/chat/completions", timeout=60,
+                       json={"model": "tiny", "messages": msgs, "max_tokens": 16, "temperature": 1.0})
+        assert r.status_code == 200, r.text
+        msgs = [*msgs, r.json()["choices"][0]["message"], {"role": "user", "content": text(60, "obs")}]
+        r = httpx.post(router.url + "/v1/chat/completions", timeout=60, json={
+            "model": "tiny", "messages": msgs, "max_tokens": max_tokens, "stream": stream, "temperature": 1.0})
+        (p,) = [p for p in httpx.get(router.url + "/programs").json()["data"] if p["id"] not in seen]
+        seen.add(p["id"])
+        return r, p
+
+    seen: set[str] = set()
+    for task, stream in (("a", False), ("b", True)):
+        r, p = run(task, stream, 40_000)
+        assert r.status_code == 400 and "maximum context length" in r.json()["error"]["message"], r.text
+        assert p["inferred"] and p["steps"] == 1 and p["end_hint"] == "context_overflow", p
+    r, p = run("c", False, -5)  # refused too, for another reason
+    assert r.status_code == 400 and "context" not in r.text, r.text
+    assert p["steps"] == 1 and p["end_hint"] is None, p
+    m = metrics(router.url)
+    assert m['thunder_inferred_end_hint_share{kind="context_overflow"}'] == 0.75
+    # the router knew: 40,000 asked beyond the worker's 32,768 (its /server_info), so both were
+    # sent at once, outside admission (``Controller._beyond_context``), and refused
+    assert m["thunder_beyond_context_total"] == 2 and m["thunder_beyond_context_served_total"] == 0

@@ -540,6 +540,78 @@ def test_an_inferred_program_whose_last_answer_signed_its_end_goes_dormant_first
     assert c.lengths.ended_hinted[1] == 1.0  # the end after two steps counted as a hinted one
 
 
+def test_an_inferred_program_whose_request_the_engine_refused_for_its_context_goes_dormant_first():
+    """``conversations`` rule 7, *context overflow*: a failed request of an inferred program
+    that the gateway read as a refusal for the model's context length hints its end, as a
+    signed answer does (prior 0.75, learnt the same way); any other failure hints nothing,
+    and explicit ids are not read."""
+    c = _two_inferred_and_one_explicit()
+    _tools_of_1_to_4_s_and_programs_of_about_20_steps(c)
+    a, inf_b, ex = c.programs.get("inf-a"), c.programs.get("inf-b"), c.programs.get("explicit")
+    for p, hint in ((a, "context_overflow"), (inf_b, None), (ex, "context_overflow")):
+        t = Ticket(p.id, prompt_chars=3600, inferred=p.inferred)
+        assert c.submit(t, 2.0) is not None
+        t.end_hint = hint
+        c.finish(t, 2.0, None)  # refused: no usage, no step
+        assert p.steps == 1
+    assert a.end_hint == "context_overflow" and inf_b.end_hint is None and ex.end_hint is None
+    t = ticket("new", 800)
+    assert c.submit(t, 4.5) is None
+    assert c.tick(4.5).paused == []  # the prior alone: 0.86 after a silence half the tools outlast
+    c.lengths.hints["context_overflow"] = [10.0, 0.0]  # ten refused programs never came back
+    res = c.tick(4.6)
+    assert res.paused == [a] and a.dormant and t in res.dispatched and inf_b.active
+    c.release("inf-a", 9.0)
+    assert c.lengths.hints["context_overflow"] == [10.0 * 0.99 + 1.0, 0.0]
+
+
+def test_a_request_surely_beyond_the_models_context_is_sent_at_once_and_never_waits_for_room():
+    """``Controller._beyond_context``: a paused program's request that the engine will refuse
+    whatever it holds (prompt + ``max_tokens`` beyond the model's context) is sent at once to
+    the least-loaded backend, outside its program's accounting, instead of waiting to be
+    restored; an inferred program's refusal still hints its end. Not when the estimate is
+    within ``BEYOND_CONTEXT_MARGIN`` of the context, nor before the program's characters per
+    token are learnt, nor with the context unknown on a backend."""
+    from thunder_sgl.control.controller import BEYOND_CONTEXT_MARGIN
+
+    c = make(hbm=3000, n=2)
+    for b in c.backends.values():
+        b.context_length = 4096
+    for pid, inferred in (("inf-a", True), ("inf-b", True), ("x", False), ("y", False)):
+        t = Ticket(pid, prompt_chars=5600, inferred=inferred)  # 1,400 tokens: two fit a backend
+        if c.submit(t, 0.0) is None:
+            assert t in c.tick(0.0).dispatched
+        c.finish(t, 1.0, Usage(1400, 10))
+    a = c.programs.get("inf-a")
+    c.programs.pause(a, 2.0)
+    assert a.paused and a.chars_per_token == 4.0
+    # 3,800 tokens estimated + 400 asked: beyond 4,096 even at 2% fewer
+    t = Ticket("inf-a", prompt_chars=3800 * 4, inferred=True, max_output=400)
+    b = c.submit(t, 3.0)
+    assert b is not None and t.beyond_context and a.paused and a.in_flight == 0
+    assert c.stats.beyond_context == 1 and b.inflight == 1
+    t.end_hint = "context_overflow"  # the engine's 400, as the proxy reads it
+    assert c.finish(t, 3.1, None) == [] and a.end_hint == "context_overflow" and a.paused and a.steps == 1
+    assert b.inflight == 0
+    # beyond the context, but not by the margin: it waits for room as any paused program's request
+    near = int((4096 - 400) / (1 - BEYOND_CONTEXT_MARGIN)) - 2
+    assert near + 400 > 4096
+    t2 = Ticket("inf-a", prompt_chars=near * 4, inferred=True, max_output=400)
+    assert c.submit(t2, 4.0) is None and not t2.beyond_context and a.held
+    # one the engine takes after all is served statelessly, its program untouched
+    c.cancel(t2)
+    t3 = Ticket("inf-a", prompt_chars=5000 * 4, inferred=True, max_output=8)
+    assert c.submit(t3, 5.0) is not None and t3.beyond_context
+    assert c.finish(t3, 6.0, Usage(4000, 8)) == [] and c.stats.beyond_context_served == 1 and a.steps == 1
+    # no learnt characters per token (a first request): never judged, it waits for admission
+    t4 = Ticket("new", prompt_chars=10_000 * 4, max_output=8)
+    assert c.submit(t4, 7.0) is None and not t4.beyond_context
+    # the context unknown on one backend: never judged
+    c.backends["http://w1"].context_length = 0
+    t5 = Ticket("inf-a", prompt_chars=9000 * 4, inferred=True, max_output=8)
+    assert c.submit(t5, 8.0) is None and not t5.beyond_context
+
+
 def test_a_dormant_program_that_asks_again_queues_from_its_request():
     """A dormant program that asks again queues from its request, not from when it went
     dormant: of two made dormant, the one that asks first goes first (counting the wait from

@@ -299,3 +299,23 @@ def test_the_end_hint_reads_a_finishing_tool_a_marker_or_tools_left_uncalled():
     assert end_hint({"role": "assistant", "content": "All done."}, False, tools, markers) is None
     assert end_hint(text, False, tools, ()) is None  # markers off
     assert end_hint(None, True, tools, markers) is None
+
+
+def test_the_engines_refusals_for_the_context_length_are_read_and_no_other_bad_request_is():
+    """Rule 7, *context overflow*: the 400s of the real SGLang 0.5.23 CPU engine, captured from
+    every inference route (``tests/data/sglang-context-overflow.json``), and two 400s of other
+    kinds from the same engine."""
+    import json
+    from pathlib import Path
+
+    from thunder_sgl.control.conversations import context_overflow
+
+    doc = json.loads((Path(__file__).parents[1] / "data" / "sglang-context-overflow.json").read_text())
+    assert len(doc["cases"]) == 8 and sum(c["overflow"] for c in doc["cases"]) == 6
+    for c in doc["cases"]:
+        assert c["status"] == 400
+        assert context_overflow(c["status"], c["body"].encode()) is c["overflow"], c["case"]
+        assert not context_overflow(500, c["body"].encode())  # a failure, not a refusal
+    assert context_overflow(400, b'{"error": {"message": "too long", "code": "context_length_exceeded"}}')  # OpenAI's
+    assert context_overflow(400, b"Input length (50000 tokens) exceeds the maximum allowed length (16378 tokens).")
+    assert not context_overflow(400, b"") and not context_overflow(400, b"[1, 2]")

@@ -284,6 +284,9 @@ class Backend:
     """When the router's requests on this backend last dropped to none (``control.kvdrop``)."""
     session_refs: bool = False
     """The worker runs with ``--enable-session-radix-cache`` (a ``session_id`` references KV)."""
+    context_length: int = 0
+    """The model's context, tokens of prompt + output of one request (``WorkerInfo``); 0:
+    unknown. A request surely beyond it is sent at once (``Controller.submit``)."""
     served: Served = field(default_factory=Served)
     weight_version: str | None = None
     """The engine's weight version as last seen (in an answer, or ``/model_info``); None until

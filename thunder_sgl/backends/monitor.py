@@ -1,7 +1,8 @@
 """The monitor: registers workers and keeps each (worker, dp_rank) backend's numbers fresh.
 
 Registration reads ``/server_info`` (falling back to ``/get_server_info``) for the HBM
-capacity per rank, ``dp_size`` and the HiCache settings, and ``/model_info``; until it
+capacity per rank, ``dp_size`` and the HiCache settings, ``/model_info``, and the model's context
+length (``/v1/models``' ``max_model_len`` where ``/server_info`` has none, as SGLang's); until it
 succeeds the worker is retried in the background (as sglang_router does) and serves nothing.
 Then every ``poll_interval_seconds`` it reads ``/v1/loads?include=core,queues`` (per-rank usage,
 queueing, retraction) and ``/metrics`` (HiCache host-tier gauges). A poll that fails counts
@@ -39,6 +40,7 @@ from thunder_sgl.backends.parse import (
     cached_tokens_by_source,
     host_tier_by_rank,
     parse_loads,
+    parse_models,
     parse_prometheus,
     parse_server_info,
 )
@@ -306,9 +308,14 @@ class Monitor:
             w.model_info = await self._get_json(w, "/model_info", "/get_model_info")
         except (ParseError, aiohttp.ClientError, ValueError):
             w.model_info = None
+        if info.context_length <= 0:  # SGLang: null in /server_info, max_model_len in /v1/models
+            try:
+                info = replace(info, context_length=parse_models(await self._get_json(w, "/v1/models")))
+            except (ParseError, aiohttp.ClientError, ValueError):
+                pass  # unknown: no request is judged too long for it
         w.info = info
         w.backends = [Backend(w.url, r, info.tiers(), monitored=True, model_id=info.model_path, dp_size=info.dp_size,
-                              session_refs=info.session_radix_cache)
+                              session_refs=info.session_radix_cache, context_length=info.context_length)
                       for r in range(info.dp_size)]
         w.registered = True
         w.last_error = None

@@ -41,6 +41,10 @@ class WorkerInfo:
     version: str = ""
     tp_size: int = 1
     """GPUs of one engine in a weight update group: its TP rank r joins as ``rank_offset + r``."""
+    context_length: int = 0
+    """The model's context (prompt + output tokens of one request): our simulator reports it in
+    /server_info; SGLang 0.5.23 reports ``context_length: null`` there and ``max_model_len`` in
+    ``/v1/models`` (``parse_models``), which the monitor reads. 0: unknown."""
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def tiers(self) -> Tiers:
@@ -100,8 +104,18 @@ def parse_server_info(data: Any) -> WorkerInfo:
         session_radix_cache=bool(data.get("enable_session_radix_cache")),
         version=str(data.get("version") or ""),
         tp_size=int(_num(data, "tp_size", default=1)) or 1,
+        context_length=int(_num(data, "context_length", default=0.0)),
         raw=data,
     )
+
+
+def parse_models(data: Any) -> int:
+    """``GET /v1/models``: the first model's ``max_model_len`` (SGLang's context length), 0 when
+    it has none."""
+    models = data.get("data") if isinstance(data, dict) else None
+    if isinstance(models, list) and models and isinstance(models[0], dict):
+        return int(_num(models[0], "max_model_len", default=0.0))
+    return 0
 
 
 @dataclass(frozen=True)

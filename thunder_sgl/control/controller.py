@@ -36,6 +36,7 @@ from collections.abc import Iterable
 
 from thunder_sgl.backends.backend import Backend
 from thunder_sgl.config import RouterConfig, SchedulerConfig
+from thunder_sgl.control.conversations import CONTEXT_OVERFLOW
 from thunder_sgl.control.kvdrop import KVDropWatch
 from thunder_sgl.control.kvrefs import KVRefs
 from thunder_sgl.control.tickets import Stats, Ticket, TickResult
@@ -59,6 +60,11 @@ def _log_level(key: str, level: object) -> None:
              "(fixed %.3f), measured %.3f", key, v.get("level"), v.get("model_level"), v.get("bias"), v.get("probe"),
              v.get("programs", 0.0), v.get("predicted_steps_per_s", 0.0), v.get("predicted_fixed_steps_per_s", 0.0),
              v.get("measured_steps_per_s", 0.0))
+
+
+BEYOND_CONTEXT_MARGIN = 0.02
+"""A prompt estimated from characters (``Controller._beyond_context``) must exceed the model's
+context by this share before the router takes the engine's refusal as sure."""
 
 
 class Controller:
@@ -146,6 +152,13 @@ class Controller:
         if cap != p.output_cap:
             p.output_cap = cap
         estimate = self._estimate(p, t)
+        if not self.windows.holding and self._beyond_context(p, t, estimate):
+            # the engine will refuse it whatever it holds: it needs no room, so it waits for none
+            b = least_loaded(self.backend_list(), now, self.policy.stale_after)
+            if b is not None:
+                self.stats.beyond_context += 1
+                t.beyond_context = True
+                return self._dispatch_stateless(t, b, now)
         if p.state is ProgramState.ACTIVE and not self.windows.holding:
             b = self.backends.get(p.backend)  # type: ignore[arg-type]
             if b is not None and b.engine_paused:
@@ -173,6 +186,14 @@ class Controller:
         else:
             self.stats.failed_requests += 1
         p = t.program
+        if t.beyond_context:  # sent outside its program's accounting (``_beyond_context``)
+            if usage is not None:
+                self.stats.beyond_context_served += 1
+                if usage.weight_version is not None and b is not None:
+                    self.weight_version_seen(b, usage.weight_version, now)
+            elif p is not None and p.inferred and t.end_hint == CONTEXT_OVERFLOW and self.programs.get(p.id) is p:
+                p.end_hint = CONTEXT_OVERFLOW
+            return []
         if p is None or self.programs.get(p.id) is not p or p.in_flight == 0:
             if usage is not None and usage.weight_version is not None and b is not None:
                 self.weight_version_seen(b, usage.weight_version, now)
@@ -190,6 +211,8 @@ class Controller:
             if p.inferred:
                 p.end_hint = t.end_hint
             self._learn_sizes(p, t, usage, first)
+        elif p.inferred and t.end_hint == CONTEXT_OVERFLOW:  # refused for the model's context: likely its end
+            p.end_hint = CONTEXT_OVERFLOW
         if usage is not None and usage.weight_version is not None and b is not None:
             self.weight_version_seen(b, usage.weight_version, now)
         return self._drain_gated(b, now) if b is not None else []
@@ -499,6 +522,33 @@ class Controller:
             return t.prompt_tokens
         cpt = p.chars_per_token if p.chars_per_token > 0 else self.cfg.programs.chars_per_token
         return int(t.prompt_chars / cpt)
+
+    def _beyond_context(self, p: Program, t: Ticket, estimate: int) -> bool:
+        """Whether the engine will surely refuse ``t`` for the model's context (SGLang refuses a
+        prompt of at least the context, or prompt + ``max_tokens`` beyond it). A program's
+        paused request would otherwise wait to be restored — room found for its whole context,
+        the largest the program ever had — only to be refused (an agent that has outgrown the
+        window sends exactly that request, and stops on the 400: ``conversations`` rule 7).
+        Sure means: the prompt's token count is known (token ids), or estimated from the
+        program's own learnt characters per token and still beyond the context at
+        ``BEYOND_CONTEXT_MARGIN`` fewer tokens; with the context unknown on some backend, never.
+        A request judged so is sent at once, outside its program's accounting, to the
+        least-loaded backend; one the engine takes after all is served as a stateless request
+        (``Stats.beyond_context_served``)."""
+        ctx = 0
+        for b in self.backends.values():
+            if b.context_length <= 0:
+                return False
+            ctx = max(ctx, b.context_length)
+        if ctx <= 0:
+            return False
+        if t.prompt_tokens is not None:
+            low = float(t.prompt_tokens)
+        elif p.chars_per_token > 0:
+            low = estimate * (1.0 - BEYOND_CONTEXT_MARGIN)
+        else:
+            return False
+        return low >= ctx or (t.max_output is not None and t.max_output > 0 and low + t.max_output > ctx)
 
     def _gate_open(self, p: Program, estimate: int, now: float) -> bool:
         """The scheduler's HBM condition (``scheduler.gate.RequestGate``) for p's request, which

@@ -72,8 +72,13 @@ happened since (tool output, user feedback). The rule:
    tool call's arguments (mini-swe-agent's ``COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``, in its
    last command). *Plain*: the request offered ``tools`` and the answer calls none (an OpenAI
    Agents SDK run ends with such a final output, but a model that forgot its tools answers the
-   same). The hint is only evidence: the controller learns, per kind, how often a program with
-   that last answer came back (``programs.lengths``) and the dormant pause weighs it.
+   same). *Context overflow* (``context_overflow``): the engine refused the program's request
+   because its prompt, or prompt plus ``max_tokens``, exceeds the model's context (SGLang
+   0.5.23's 400, ``context_overflow()``): mini-swe-agent stops there (litellm maps the 400 to
+   ``ContextWindowExceededError``, one of its abort exceptions), the OpenAI Agents SDK raises,
+   and an agent that condenses its history sends a conversation that continues none (a new
+   program). The hint is only evidence: the controller learns, per kind, how often a program
+   with that last answer came back (``programs.lengths``) and the dormant pause weighs it.
 
 The index is pure and deterministic (no clock of its own, no I/O); the gateway calls it from
 the inference route (``match``, ``match_prompt``) and from the proxy when an answer is relayed
@@ -393,6 +398,38 @@ SIGN = "sign"
 """``end_hint``: a tool call or marker that ends the agent (rule 7)."""
 PLAIN = "plain"
 """``end_hint``: tools were offered and none was called (rule 7)."""
+CONTEXT_OVERFLOW = "context_overflow"
+"""``end_hint``: the engine refused the request for the model's context length (rule 7)."""
+END_HINTS = (SIGN, PLAIN, CONTEXT_OVERFLOW)
+
+_OVERFLOW_MESSAGES = (
+    "is longer than the model's context length",  # tokenizer manager: the input alone
+    "exceeds the model's maximum context length",  # tokenizer manager: input + max_new_tokens
+    "exceeds the maximum allowed length",  # scheduler: input beyond max_req_input_len
+)
+"""SGLang 0.5.23's refusals of a request too long for the model (``tokenizer_manager.
+_validate_one_request``, ``managers.utils.validate_input_length``); the first two were read off
+the real CPU engine (``tests/data/sglang-context-overflow.json``)."""
+
+
+def context_overflow(status: int, body: bytes) -> bool:
+    """Whether a worker's error answer refuses the request for the model's context length
+    (rule 7, *overflow*): a 400 whose message is one of SGLang's, or OpenAI's
+    ``context_length_exceeded`` code."""
+    if status != 400 or not body:
+        return False
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        text = body[:2000].decode(errors="replace")
+        return any(m in text for m in _OVERFLOW_MESSAGES)
+    if not isinstance(obj, dict):
+        return False
+    err = obj.get("error") if isinstance(obj.get("error"), dict) else obj
+    if err.get("code") == "context_length_exceeded":
+        return True
+    msg = err.get("message")
+    return isinstance(msg, str) and any(m in msg for m in _OVERFLOW_MESSAGES)
 
 
 def end_hint(answer: dict[str, Any] | None, tools_offered: bool, end_tools: frozenset[str],

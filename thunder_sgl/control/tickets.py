@@ -66,9 +66,14 @@ class Ticket:
     """No program id sent: the program its answer is recorded under (``conversations``)."""
     tools_offered: bool = False
     """No program id sent: the chat request offered ``tools`` (``conversations.end_hint``)."""
+    beyond_context: bool = False
+    """Sent at once, outside its program's accounting: the engine will surely refuse it for
+    the model's context (``Controller._beyond_context``)."""
     end_hint: str | None = None
     """Its answer looked like the agent's last (``conversations.end_hint``: ``"sign"`` or
-    ``"plain"``), set before ``Controller.finish``; read for inferred programs only."""
+    ``"plain"``), or the engine refused it for the model's context length (``"context_overflow"``,
+    ``conversations.context_overflow``), set before ``Controller.finish``; read for inferred
+    programs only."""
 
     @property
     def held_seconds(self) -> float:
@@ -111,6 +116,11 @@ class Stats:
     own ``/pause_generation`` open)."""
     engine_paused_held: int = 0
     """Requests held because their program's engine was paused (``backends.pause``)."""
+    beyond_context: int = 0
+    """Requests sent at once, without waiting for room, because the engine would surely refuse
+    them for the model's context (``Controller._beyond_context``)."""
+    beyond_context_served: int = 0
+    """Of them, those the engine served after all (the estimate was wrong; served statelessly)."""
 
 
 @dataclass

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from thunder_sgl.control.conversations import END_HINTS
 from thunder_sgl.programs import Phase, ProgramState
 
 if TYPE_CHECKING:
@@ -128,6 +129,11 @@ class _StateCollector(Collector):
              "Workers seen paused behind the router (GET /ready 503 with no pause through the router)"),
             ("thunder_engine_paused_held", s.engine_paused_held,
              "Requests held because their program's engine was paused"),
+            ("thunder_beyond_context", s.beyond_context,
+             "Requests sent at once, without waiting for room, because the engine would surely refuse them for "
+             "the model's context length"),
+            ("thunder_beyond_context_served", s.beyond_context_served,
+             "Of those, requests the engine served after all (served statelessly)"),
             ("thunder_windows_opened", c.windows.opened, "Weight-update windows opened"),
             ("thunder_windows_expired", c.windows.expired, "Weight-update windows closed by the watchdog"),
             ("thunder_usage_prompt_tokens", s.prompt_tokens, "Prompt tokens reported in usage"),
@@ -146,9 +152,10 @@ class _StateCollector(Collector):
             yield GaugeMetricFamily("thunder_inferred_conversations", "Conversations the program inference tracks",
                                     value=len(conv))
             hint = GaugeMetricFamily("thunder_inferred_end_hint_share", "Learnt share of answers with this end hint "
-                                     "(sign: a finishing tool or marker; plain: offered tools left uncalled) that "
+                                     "(sign: a finishing tool or marker; plain: offered tools left uncalled; "
+                                     "context_overflow: a request the engine refused for the model's context length) that "
                                      "were their inferred program's last (prior until some are seen)", labels=["kind"])
-            for kind in ("sign", "plain"):
+            for kind in END_HINTS:
                 hint.add_metric([kind], c.lengths.hint_rate(kind))
             yield hint
         rate = s.cached_tokens / s.prompt_tokens if s.prompt_tokens else 0.0

@@ -33,7 +33,7 @@ from starlette.responses import Response
 
 from thunder_sgl.backends.backend import Backend
 from thunder_sgl.config import GatewayConfig
-from thunder_sgl.control.conversations import answer_of
+from thunder_sgl.control.conversations import CONTEXT_OVERFLOW, answer_of, context_overflow
 from thunder_sgl.control.tickets import Ticket
 from thunder_sgl.errors import ThunderError, UpstreamError
 from thunder_sgl.gateway.inbound import PATHS, Inbound
@@ -241,6 +241,8 @@ class Proxy:
                 resp.release()
         status = resp.status
         if status != 200:
+            if t.inferred and context_overflow(status, data):
+                t.end_hint = CONTEXT_OVERFLOW  # its agent most likely stops here (conversations rule 7)
             self.finish(t, None)
             if status >= 500:
                 self.errors.labels(f"http_{status}").inc()

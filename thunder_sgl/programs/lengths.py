@@ -27,7 +27,8 @@ first idle timeouts have taught the router how long programs are.
 
 **The end sign.** A program whose last answer looked like the agent's last
 (``control.conversations`` rule 7: a finishing tool call or marker, *sign*; or tools offered and
-none called, *plain*) carries that hint until it asks again. For each kind the router counts the
+none called, *plain*), or whose last request the engine refused for the model's context length
+(*context overflow*), carries that hint until it asks again. For each kind the router counts the
 hinted answers that were the program's last (it ended without asking again) and those it came
 back from, decayed as the step counts are, and ``q`` = (last + prior) ÷ (both + prior pseudo-answers):
 the share of such answers that end their program. It stands in for ``h(k)`` when larger:
@@ -39,10 +40,12 @@ without one, ``h₀(k)`` (ends after a hint are counted apart, ``ended_hinted``)
 their end, a silent one is most likely in a tool, and guessing it ended would evict a live
 context. Where no client hints, ``h₀ = h`` and nothing changes.
 
-The priors (``HINT_PRIOR``) keep the first guesses modest — a sign starts at 0.75, which needs
-an idle time past two thirds of tool calls before P reaches 0.9; plain at 0.25, past the 96th
-percentile — and the counts then say whether the clients' hints mean what they seem to: a model
-that keeps forgetting its tools teaches plain hints a low ``q``, and they stop mattering.
+The priors (``HINT_PRIOR``) keep the first guesses modest — a sign or a context overflow starts
+at 0.75, which needs an idle time past two thirds of tool calls before P reaches 0.9; plain at
+0.25, past the 96th percentile — and the counts then say whether the clients' hints mean what
+they seem to: a model that keeps forgetting its tools teaches plain hints a low ``q``, and they
+stop mattering; an agent that answers an overflow by trimming its last observation and asking
+again teaches the context-overflow hint the same.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ KEEP = 0.99
 PRIOR_STEPS = 5.0
 """Pseudo-steps at the overall hazard added to each bin's counts."""
 
-HINT_PRIOR = {"sign": (3.0, 1.0), "plain": (1.0, 3.0)}
+HINT_PRIOR = {"sign": (3.0, 1.0), "plain": (1.0, 3.0), "context_overflow": (3.0, 1.0)}
 """Pseudo-counts (ended, came back) of each end-hint kind before any is observed."""
 
 _EXACT = 32

@@ -11,6 +11,7 @@ from thunder_sgl.backends.parse import (
     host_tier_by_rank,
     metric_by_rank,
     parse_loads,
+    parse_models,
     parse_prometheus,
     parse_server_info,
 )
@@ -99,6 +100,19 @@ def test_real_server_info_parses(tag):
     assert (info.hbm_tokens, info.dp_size, info.page_size, info.hicache) == (24576, 1, 1, False)
     assert info.session_radix_cache and info.version == "0.5.23"
     assert info.tiers().pool(tier_aware=True) == 24576
+
+
+def test_the_context_length_is_in_v1_models_not_in_server_info():
+    """SGLang 0.5.23 reports ``context_length: null`` in /server_info and the model's context as
+    ``max_model_len`` in /v1/models (captured from the real CPU engine, 2026-12-07); the
+    monitor reads the second where the first has none (our simulator reports both)."""
+    import json
+
+    info = parse_server_info(json.loads(_real("server_info-idle.json")))
+    assert info.raw["context_length"] is None and info.context_length == 0
+    assert parse_models(json.loads(_real("v1-models.json"))) == 16384
+    assert parse_models({"data": []}) == 0 and parse_models({"data": [{"id": "m"}]}) == 0 and parse_models([]) == 0
+    assert parse_server_info({"max_total_num_tokens": 100, "context_length": 4096}).context_length == 4096
 
 
 def test_real_loads_busy_and_idle():
