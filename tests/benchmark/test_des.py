@@ -98,6 +98,29 @@ def test_every_program_and_request_is_accounted_for(router: str) -> None:
         assert d.router.policy.loads == [0, 0]
 
 
+@pytest.mark.parametrize("router", ["thunder", "thunder-inferred", "sglang-round_robin"])
+def test_a_program_cut_by_the_context_sends_the_call_the_engine_refuses_and_stops(router: str) -> None:
+    """``ProgramSpec.overflow_output``: a program the profile cuts at the model's window sends
+    that call after its last tool, through the router (admitted as any request), and stops on
+    the engine's refusal. ``thunder-inferred`` reads the refusal as the context-overflow end
+    hint (the gateway reads SGLang's 400), so those programs end hinted and the hint learns
+    that they never came back; explicit ids release them."""
+    tight = dataclasses.replace(PROFILE, max_context_tokens=4000)
+    d = DesRun(CLUSTER, 2, router, tight, 20, 240.0, warmup_s=0.0, seed=3)
+    d.run()
+    cut = [p for p in (program_at(tight, 3, i) for i in range(d.counts["started"])) if p.overflow_output]
+    ended = d.counts["completed"] + d.counts["failed"]
+    assert cut and d.counts["overflow"] > 0 and d.rec.errors["context_overflow"] == d.counts["overflow"]
+    assert d.counts["overflow"] <= len(cut) and ended > d.counts["overflow"]
+    led = d.final_ledger
+    assert led["requests"] == led["requests_accounted"]
+    if router == "thunder-inferred":
+        ended_hinted, came_back = d.router.ctl.lengths.hints["context_overflow"]
+        assert ended_hinted > 0 and came_back == 0
+    elif router == "thunder":
+        assert "context_overflow" not in d.router.ctl.lengths.hints  # explicit ids: released, not hinted
+
+
 def test_progress_gets_snapshots_in_virtual_time() -> None:
     seen: list[tuple[float, dict]] = []
     run_des(CLUSTER, 2, "thunder", PROFILE, 20, 20.0, warmup_s=10.0, progress=lambda t, s: seen.append((t, s)))

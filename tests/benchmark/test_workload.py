@@ -229,6 +229,10 @@ def test_context_limit_truncates_programs_but_keeps_one_step():
     # 150 + (100+100)·2 = 550; a third call would need 550 + 100 = 650 <= 660: kept; a fourth not.
     assert len(spec.steps) == 3
     assert spec.prompt_tokens_at(2) == 550 and spec.final_context_tokens == 650
+    # the fourth call is the one the agent sends and the engine refuses: its 100 output tokens
+    assert spec.overflow_output == 100 and spec.output_tokens_at(3) == 100 and spec.output_tokens_at(2) == 100
+    assert program_at(replace(p, max_context_tokens=0), 0, 0).overflow_output == 0  # ends on its own
+    assert program_at(replace(p, max_context_tokens=5000), 0, 0).overflow_output == 0
 
 
 def test_warm_start_joins_the_first_programs_mid_life_and_keeps_the_program_sequence():

@@ -29,7 +29,7 @@ from thunder_sgl.backends.parse import (
 from thunder_sgl.benchmark.des.baselines import Policy, RouteRequest, text_key
 from thunder_sgl.config import RouterConfig
 from thunder_sgl.control.controller import Controller
-from thunder_sgl.control.conversations import SIGN
+from thunder_sgl.control.conversations import CONTEXT_OVERFLOW, SIGN
 from thunder_sgl.control.tickets import Ticket, prefix_key_of
 from thunder_sgl.errors import ThunderError
 from thunder_sgl.programs import Usage
@@ -88,7 +88,7 @@ class ThunderRouter:
         for i, w in enumerate(workers):
             info = parse_server_info(w.server_info())
             bs = [Backend(f"sim://node{i}", r, info.tiers(), monitored=True, model_id=info.model_path,
-                          session_refs=info.session_radix_cache)
+                          session_refs=info.session_radix_cache, context_length=info.context_length)
                   for r in range(info.dp_size)]
             for b in bs:
                 self.ctl.add_backend(b)
@@ -106,7 +106,7 @@ class ThunderRouter:
         t = Ticket(agent.pid, prompt_chars=CHARS_PER_TOKEN * prompt_tokens, inferred=self.inferred,
                    prefix_key=self.prefix_key, prefix_chars=self.prefix_chars, group_id=spec.group_id,
                    group_chars=CHARS_PER_TOKEN * spec.instance_tokens if spec.group_id else 0,
-                   max_output=spec.steps[agent.step].output_tokens)  # the http driver's max_tokens
+                   max_output=spec.output_tokens_at(agent.step))  # the http driver's max_tokens
         t.waiter = agent
         try:
             b = self.ctl.submit(t, now)
@@ -118,9 +118,13 @@ class ThunderRouter:
             return []
         return [self._dispatch(t)]
 
-    def complete(self, agent: Any, c: Completion | None, now: float) -> list[Dispatch]:
+    def complete(self, agent: Any, c: Completion | None, now: float, overflow: bool = False) -> list[Dispatch]:
+        """``agent``'s request ended: answered (``c``), failed, or refused by the engine for the
+        model's context (``overflow``: what the gateway reads in SGLang's 400)."""
         t = agent.ticket
         agent.ticket = None
+        if overflow and t is not None and self.inferred:
+            t.end_hint = CONTEXT_OVERFLOW  # as the proxy sets it (conversations.context_overflow)
         usage = None
         if c is not None and c.error is None and c.finish_reason != "abort":
             usage = Usage(c.prompt_tokens, c.completion_tokens, c.cached_tokens, c.cached_host, c.cached_storage)
@@ -234,7 +238,7 @@ class StockRouter:
         agent.ticket = i
         return [Dispatch(agent, i, None)]
 
-    def complete(self, agent: Any, c: Completion | None, now: float) -> list[Dispatch]:
+    def complete(self, agent: Any, c: Completion | None, now: float, overflow: bool = False) -> list[Dispatch]:
         if agent.ticket is not None:
             self.policy.on_complete(agent.ticket)
             agent.ticket = None

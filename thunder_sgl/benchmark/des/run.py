@@ -14,7 +14,13 @@ The thunder policies run through ``controller.Controller``, the request path of 
 the DES measures the policy the gateway runs. Routing adds no latency (the gateway's own
 overhead is measured by the overhead benchmark, not here); held requests wait in virtual time.
 A request the engine cannot take (prompt + output beyond the context or the KV pool) ends its
-program, as an agent stops on context overflow (``errors["context_overflow"]``). A held request
+program, as an agent stops on context overflow (``errors["context_overflow"]``). A program the
+profile cuts at the model's context (``ProgramSpec.overflow_output``) sends that call as a real
+agent does, after its last step's tool: through the router, which admits it like any request,
+to the engine, which refuses it; the router sees the refusal (for ``thunder-inferred``, the
+end hint the gateway reads in SGLang's 400, ``conversations`` rule 7) and the program ends. A
+kept step that the DES's own token counts push past the window or the pool ends its program
+before it is sent, as before. A held request
 that times out is retried after ``Retry-After``, as the HTTP driver does, up to three times.
 
 Measures: ``measure`` (the HTTP driver's definitions). ``DesRun`` exposes the final state
@@ -148,13 +154,15 @@ class DesRun:
 
     def _submit(self, d: Dispatch, now: float) -> None:
         a: Agent = d.agent
-        step = a.spec.steps[a.step]
+        out = a.spec.output_tokens_at(a.step)
+        if a.step == len(a.spec.steps):  # the call the model's window cannot hold: the engine refuses it
+            out = max(out, self.cfg.model.context_length - a.tokens.prompt_tokens + 1)
         a.rid = f"{a.pid}:{a.step}:{a.attempt}"
         try:
-            self.workers[d.worker].submit(SimRequest(a.rid, a.tokens.prompt, step.output_tokens, dp_rank=d.dp_rank,
+            self.workers[d.worker].submit(SimRequest(a.rid, a.tokens.prompt, out, dp_rank=d.dp_rank,
                                                      routing_key=a.pid, session_id=d.session_id), now)
         except SimRequestError:
-            self.router.complete(a, None, now)
+            self.router.complete(a, None, now, overflow=True)
             self.counts["overflow"] += 1
             self.rec.errors["context_overflow"] += 1
             self._end_program(a, now, "completed")
@@ -185,9 +193,9 @@ class DesRun:
             self._issue(a, now)
 
     def _issue(self, a: Agent, now: float) -> None:
-        step = a.spec.steps[a.step]
         n = a.tokens.prompt_tokens
-        if n + step.output_tokens > self.cfg.model.context_length or n >= self.cfg.server.max_total_num_tokens:
+        if a.step < len(a.spec.steps) and (n + a.spec.steps[a.step].output_tokens > self.cfg.model.context_length
+                                           or n >= self.cfg.server.max_total_num_tokens):
             self.rec.errors["context_overflow"] += 1
             self._end_program(a, now, "completed")
             return
@@ -235,7 +243,7 @@ class DesRun:
         self.rec.tool_ends.append(now)
         if now >= self.rec.warmup_s:
             self.window_steps += 1
-        if a.step < len(a.spec.steps):
+        if a.step < len(a.spec.steps) or a.spec.overflow_output:  # the last: a call the engine refuses
             self._issue(a, now)
         else:
             self._end_program(a, now, "completed")

@@ -113,7 +113,8 @@ class ProgramTokens:
         return self.replies
 
     def add_reply(self, output_ids: array, fresh: bool = False) -> None:
-        """Append the answer of the current step and, unless it was the last, its observation.
+        """Append the answer of the current step and, unless it was the last (and the program
+        sends no refused call after it, ``ProgramSpec.overflow_output``), its observation.
         The answer goes back as ``output_ids`` when the model's output re-encodes to itself
         (``reply_ratio`` 1), else as ``reply_ratio`` × as many other ids (the text of the output,
         tokenized again: its KV is not the output's). ``fresh``: ids already of an answer's text."""
@@ -123,6 +124,6 @@ class ProgramTokens:
         if ratio != 1.0 and not fresh:
             output_ids = array("I", random_ids(self._replies(), round(len(output_ids) * ratio)))
         tail = output_ids.tobytes() + _END
-        if self.step < len(self.spec.steps):
+        if self.step < len(self.spec.steps) or self.spec.overflow_output:
             tail += _USER + random_ids(self.rng, obs) + _END + _ASSISTANT
         self.prompt += tail

@@ -62,8 +62,9 @@ class WorkloadProfile:
     """Label of the tool when ``tool_seconds`` is not a mixture."""
 
     max_context_tokens: int = 0
-    """Context limit of the model: a program ends before the call whose prompt plus output
-    would exceed it (agents stop on context overflow). 0: no limit."""
+    """Context limit of the model: a program's steps end before the call whose prompt plus
+    output would exceed it; the agent sends that call and stops when the engine refuses it
+    (``ProgramSpec.overflow_output``; the DES sends it, the HTTP drivers do not). 0: no limit."""
 
     end_sign_share: float = 0.0
     """Share of the programs that end on their own (not by the context limit) whose last answer
@@ -144,6 +145,16 @@ class ProgramSpec:
     """Workload seconds before that first call (the rest of the previous step's tool time)."""
     signs_end: bool = False
     """Its last answer carries the end sign (``WorkloadProfile.end_sign_share``)."""
+    overflow_output: int = 0
+    """Cut by the model's context (``WorkloadProfile.max_context_tokens``): after its last
+    step's tool the agent sends one more call, with that step's observation and this many
+    output tokens, which the model's window cannot hold, and stops when the engine refuses it
+    (as mini-swe-agent does on SGLang's 400). 0: it stops on its own after its last step."""
+
+    def output_tokens_at(self, step: int) -> int:
+        """``max_tokens`` of LLM call ``step``; ``len(steps)``: the refused call of a program cut
+        by the context (``overflow_output``)."""
+        return self.steps[step].output_tokens if step < len(self.steps) else self.overflow_output
 
     def prompt_tokens_at(self, step: int) -> int:
         """Nominal prompt tokens of LLM call ``step``: system + instance + every earlier output
@@ -192,10 +203,12 @@ def program_at(profile: WorkloadProfile, seed: int, index: int, instance_tokens:
             tool, seconds = profile.tool_name, profile.tool_seconds.sample(rng)
         steps.append(StepSpec(observation, output, max(0.0, seconds), tool))
     # All draws are made before truncation so that the draws a program takes never depend on it.
+    overflow = 0
     if profile.max_context_tokens:
         context, kept = profile.system_prompt_tokens + instance, 0
         for s in steps:
             if kept and context + s.output_tokens > profile.max_context_tokens:
+                overflow = s.output_tokens  # the call the window cannot hold: sent, and refused
                 break
             context += s.output_tokens + s.observation_tokens
             kept += 1
@@ -209,6 +222,7 @@ def program_at(profile: WorkloadProfile, seed: int, index: int, instance_tokens:
         instance_tokens=instance,
         steps=tuple(steps),
         signs_end=signs,
+        overflow_output=overflow,
     )
 
 
