@@ -535,20 +535,19 @@ class Controller:
         A request judged so is sent at once, outside its program's accounting, to the
         least-loaded backend; one the engine takes after all is served as a stateless request
         (``Stats.beyond_context_served``)."""
-        ctx = 0
-        for b in self.backends.values():
-            if b.context_length <= 0:
-                return False
-            ctx = max(ctx, b.context_length)
-        if ctx <= 0:
-            return False
         if t.prompt_tokens is not None:
             low = float(t.prompt_tokens)
         elif p.chars_per_token > 0:
             low = estimate * (1.0 - BEYOND_CONTEXT_MARGIN)
         else:
             return False
-        return low >= ctx or (t.max_output is not None and t.max_output > 0 and low + t.max_output > ctx)
+        asked = t.max_output if t.max_output is not None and t.max_output > 0 else 0
+        ctx = 0
+        for b in self.backends.values():
+            if b.context_length <= 0:
+                return False
+            ctx = max(ctx, b.context_length)
+        return ctx > 0 and (low >= ctx or (asked > 0 and low + asked > ctx))
 
     def _gate_open(self, p: Program, estimate: int, now: float) -> bool:
         """The scheduler's HBM condition (``scheduler.gate.RequestGate``) for p's request, which
