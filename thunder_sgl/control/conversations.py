@@ -75,7 +75,7 @@ happened since (tool output, user feedback). The rule:
    same). *Context overflow* (``context_overflow``): the engine refused the program's request
    because its prompt, or prompt plus ``max_tokens``, exceeds the model's context (SGLang
    0.5.23's 400, ``context_overflow()``): mini-swe-agent stops there (litellm maps the 400 to
-   ``ContextWindowExceededError``, one of its abort exceptions), the OpenAI Agents SDK raises,
+   ``ContextWindowExceededError``, one of its abort exceptions), an OpenAI SDK client raises,
    and an agent that condenses its history sends a conversation that continues none (a new
    program). The hint is only evidence: the controller learns, per kind, how often a program
    with that last answer came back (``programs.lengths``) and the dormant pause weighs it.
