@@ -6,6 +6,7 @@ means moved by up to 0.02 with the seeds alone (v11's header). About 4 minutes o
 
     python bench/toolorchestra_seeds.py > bench/results/toolorchestra-rtx5090-des-24seeds-<tag>.txt
     python bench/toolorchestra_seeds.py --seeds 8 ...   # the old eight
+    python bench/toolorchestra_seeds.py --decay returns ...   # scheduler.decay (default: the config's)
 """
 
 import statistics
@@ -13,11 +14,14 @@ from concurrent.futures import ProcessPoolExecutor
 
 from thunder_sgl.benchmark.des.run import run_des
 from thunder_sgl.benchmark.workloads.profile import load_profile
+from thunder_sgl.config import load_config
 
 
 def one(a):
-    n, s = a
-    r = run_des("qwen3-8b-rtx5090", 1, "thunder", load_profile("toolorchestra"), n, 7200, warmup_s=3600, seed=s)
+    n, s, decay = a
+    cfg = load_config().with_overrides({"scheduler.decay": decay}) if decay else None
+    r = run_des("qwen3-8b-rtx5090", 1, "thunder", load_profile("toolorchestra"), n, 7200, warmup_s=3600, seed=s,
+                router_config=cfg)
     adm = [x for x in r.notes.split() if x.startswith("admission=")]
     return n, s, r.steps_per_min / r.ideal_steps_per_min, adm
 
@@ -27,8 +31,10 @@ if __name__ == "__main__":
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=24)
-    k = ap.parse_args().seeds
-    jobs = [(n, s) for n in (24, 32, 48) for s in range(1, k + 1)]
+    ap.add_argument("--decay", choices=["paper", "returns"], default=None)
+    args = ap.parse_args()
+    k = args.seeds
+    jobs = [(n, s, args.decay) for n in (24, 32, 48) for s in range(1, k + 1)]
     res = {}
     with ProcessPoolExecutor(2) as ex:
         for n, s, ratio, adm in ex.map(one, jobs):

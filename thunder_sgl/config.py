@@ -159,6 +159,13 @@ class SchedulerConfig:
     max_decay_ticks: int = 64
     """Ticks after which an acting program's weight is taken as exactly 0."""
 
+    decay: str = "paper"
+    """How an acting program's weight decays (``cost.returns_weights``). ``paper`` (the
+    default): ``x^-k`` alone. ``returns`` (opt-in, not yet run on the grids): the larger of ``x^-k`` and the probability, from the backend's measured
+    client silences (``Served.returns``), that a program silent k ticks asks again within one
+    request time (``Served.request_s``): where tools outlast the ticks, a program likely back
+    before a newcomer's step would end keeps its room."""
+
     lambda_max: float = 0.95
     """High watermark: pause when demand exceeds lambda_max × pool. Below 1: the engine needs
     room for decode growth between ticks (the paper uses 1; see bench/results/tuning)."""
@@ -227,6 +234,7 @@ class SchedulerConfig:
         _check(self.tick_seconds > 0, "scheduler.tick_seconds must be > 0")
         _check(self.decay_base >= 1.0, "scheduler.decay_base must be >= 1 (1 disables decay)")
         _check(self.max_decay_ticks >= 1, "scheduler.max_decay_ticks must be >= 1")
+        _check(self.decay in ("paper", "returns"), "scheduler.decay must be 'paper' or 'returns'")
         _check(0 < self.lambda_min <= self.lambda_max, "need 0 < lambda_min <= lambda_max")
         _check(self.lambda_max <= 4.0, "scheduler.lambda_max above 4 makes no physical sense")
         _check(0 < self.hbm_lambda <= 2.0, "scheduler.hbm_lambda must be in (0, 2]")

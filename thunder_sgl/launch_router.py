@@ -42,6 +42,9 @@ def add_thunder_args(parser: argparse.ArgumentParser) -> None:
                    help="divide every time constant of the policy by this (use the workers' --time-scale with simulated workers)")
     g.add_argument("--thunder-tick-seconds", type=float, default=None, help="override scheduler.tick_seconds (Δt)")
     g.add_argument("--thunder-decay-base", type=float, default=None, help="override scheduler.decay_base (x in f(k)=x^-k)")
+    g.add_argument("--thunder-decay", default=None, choices=["paper", "returns"],
+                   help="override scheduler.decay: paper (default: x^-k), returns (the larger of x^-k and the chance, "
+                        "from the measured tool times, that a silent program asks again within one request time)")
     g.add_argument("--thunder-lambda-max", type=float, default=None, help="override scheduler.lambda_max")
     g.add_argument("--thunder-admission", default=None, choices=["goodput", "occupancy", "fixed"],
                    help="override scheduler.admission.mode: goodput (default: the level with the best predicted and "
@@ -135,6 +138,7 @@ def serve(args: argparse.Namespace, argv: Sequence[str]) -> None:
     overrides = {  # a flag given wins over the YAML
         "scheduler.tick_seconds": args.thunder_tick_seconds,
         "scheduler.decay_base": args.thunder_decay_base,
+        "scheduler.decay": args.thunder_decay,
         "scheduler.lambda_max": args.thunder_lambda_max,
         "scheduler.lambda_min": args.thunder_lambda_min,
         "scheduler.admission.mode": args.thunder_admission,

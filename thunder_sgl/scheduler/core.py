@@ -43,7 +43,7 @@ from thunder_sgl.programs import Program, ProgramState, ProgramTable
 from thunder_sgl.scheduler import queue
 from thunder_sgl.scheduler.admission_rules import admission_rule
 from thunder_sgl.scheduler.capacity import BackendLoad, Member
-from thunder_sgl.scheduler.cost import decay_weights
+from thunder_sgl.scheduler.cost import decay_weights, returns_weights
 from thunder_sgl.scheduler.gate import RequestGate, hbm_limit
 from thunder_sgl.scheduler.goodput import BackendView
 from thunder_sgl.scheduler.placement import (
@@ -55,6 +55,8 @@ from thunder_sgl.scheduler.placement import (
 )
 
 EPS = 1e-6
+TABLE_TICKS = 12
+"""Ticks between two computations of a backend's decay table (``decay: returns``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +90,10 @@ class ThunderScheduler:
         self.gate = RequestGate(cfg)
         """The HBM condition for one request (the controller asks it for every request)."""
         self._decay = decay_weights(cfg)
+        self._tables: dict[str, tuple[float, list[float]]] = {}
+        """Per backend, its decay table under ``decay: returns`` and when it was computed
+        (``_table``): a memo of a function of the backend's measurements, renewed each
+        ``TABLE_TICKS`` ticks."""
         self.rule = admission_rule(cfg.admission.mode)
         """The admission rule (``admission_rules``; None: the fixed watermarks)."""
 
@@ -98,7 +104,7 @@ class ThunderScheduler:
                  else BackendLoad.for_backend(b, cfg) for b in backends}
         default_out = float(cfg.default_output_tokens)
         for key, load in loads.items():
-            load.account(programs.on_backend(key), now, cfg.tick_seconds, self._decay, default_out)
+            load.account(programs.on_backend(key), now, cfg.tick_seconds, self._table(load.backend, now), default_out)
         levels = self._admission_levels(now, loads, programs.waiting_count)
         pauses = self._orphans(programs, loads)
         for load in loads.values():
@@ -120,6 +126,20 @@ class ThunderScheduler:
             admission=levels,
             unref=unref,
         )
+
+    def _table(self, b: Backend, now: float) -> list[float]:
+        """The decay table of ``b``'s programs: the paper's ``x^-k`` (``decay: paper``), or
+        ``cost.returns_weights`` of its measured silences, renewed every ``TABLE_TICKS`` ticks
+        (a table is 2 × ``max_decay_ticks`` survival reads: too many for every tick at 64
+        backends, and the silences it reads change slowly)."""
+        if self.cfg.decay != "returns":
+            return self._decay
+        memo = self._tables.get(b.key)
+        if memo is not None and 0.0 <= now - memo[0] < TABLE_TICKS * self.cfg.tick_seconds:
+            return memo[1]
+        table = returns_weights(self.cfg, self._decay, b.served.returns, b.served.request_s)
+        self._tables[b.key] = (now, table)
+        return table
 
     def queue_order(self, now: float, waiting: Iterable[Program]) -> list[Program]:
         """The global queue, best first (exposed for /programs and for prefetching)."""

@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
+from thunder_sgl.backends.backend import ToolTimes
 from thunder_sgl.config import SchedulerConfig
 from thunder_sgl.programs import Phase, Program
 
@@ -136,6 +137,40 @@ def decay_weights(cfg: SchedulerConfig) -> list[float]:
     """f(k) = x^(−k) for k = 0..max_decay_ticks−1; f(k) = 0 beyond."""
     x = cfg.decay_base
     return [x ** (-k) for k in range(cfg.max_decay_ticks)]
+
+
+RETURNS_MIN_SAMPLES = 20.0
+"""Client silences (decayed count) a backend must have measured before ``returns_weights``
+reads them; before that the paper's ``x^-k`` alone."""
+
+
+def returns_weights(cfg: SchedulerConfig, paper: Sequence[float], returns: ToolTimes,
+                    request_s: float) -> list[float]:
+    """The decay table of one backend under ``decay: returns``: for k whole ticks of silence,
+
+        w(k) = max(x^-k, 1 − S(k·Δt + H) / S(k·Δt))
+
+    with S the survival of the backend's measured client silences (``Served.returns``: answer
+    to next request) and H its request time (``Served.request_s``, dispatch to last byte): the
+    probability that a program silent k ticks asks again before a program admitted into its
+    room would have finished one step there. Where tools end within a tick (SWE agents: a
+    median of 0.5 s) it is close to the paper's ``x^-k``; where they outlast the ticks and a
+    step (ToolOrchestra: remote tools of 5–240 s beside 20-s steps) a silent program is still
+    likely back soon, and admitting another into its room evicts KV it will need (there half
+    the recomputed tokens were of programs never paused: the engine evicted their referenced
+    KV for programs admitted into their decayed room). Never below ``x^-k``: it only ever keeps
+    more room than the paper. Beyond the longest silence seen (S = 0), ``x^-k``. ``paper`` is
+    the ``x^-k`` table; with fewer than ``RETURNS_MIN_SAMPLES`` silences, or no request time
+    yet, it is returned as is."""
+    if request_s <= 0 or sum(returns.weights) < RETURNS_MIN_SAMPLES:
+        return list(paper)
+    tick = cfg.tick_seconds
+    out = []
+    for k, pw in enumerate(paper):
+        s0 = returns.survival(k * tick)
+        w = 1.0 - returns.survival(k * tick + request_s) / s0 if s0 > 0 else 0.0
+        out.append(w if w > pw else pw)
+    return out
 
 
 def weight(p: Program, now: float, tick: float, table: Sequence[float]) -> float:

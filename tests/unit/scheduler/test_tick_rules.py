@@ -11,7 +11,9 @@ from thunder_sgl.config import SchedulerConfig
 from thunder_sgl.programs import ProgramTable
 from thunder_sgl.scheduler import ThunderScheduler, apply, least_loaded
 from thunder_sgl.scheduler.capacity import BackendLoad
-from thunder_sgl.scheduler.cost import decay_weights
+from thunder_sgl.backends.backend import ToolTimes
+from thunder_sgl.scheduler.core import TABLE_TICKS
+from thunder_sgl.scheduler.cost import decay_weights, returns_weights
 from thunder_sgl.scheduler.cost import weight as program_weight
 
 CFG = SchedulerConfig()  # paper defaults: Δt = 5 s, x = 2, λ = 1
@@ -45,6 +47,56 @@ def test_acting_weight_is_x_to_the_minus_whole_ticks(acting_for, x, expected):
     t = ProgramTable()
     p = active(t, "a", backend("b", 1000), 100, acting_since=0.0)
     assert program_weight(p, acting_for, cfg.tick_seconds, decay_weights(cfg)) == pytest.approx(expected)
+
+
+def _silences(seconds: list[float]) -> ToolTimes:
+    h = ToolTimes(keep=1.0)
+    for x in seconds:
+        h.add(x)
+    return h
+
+
+def test_returns_decay_is_the_paper_table_before_enough_silences_or_a_request_time():
+    paper = decay_weights(CFG)
+    long_tools = _silences([60.0] * 50)
+    assert returns_weights(CFG, paper, _silences([60.0] * 10), 20.0) == paper  # < RETURNS_MIN_SAMPLES
+    assert returns_weights(CFG, paper, long_tools, 0.0) == paper               # no request time yet
+
+
+def test_returns_decay_keeps_a_long_tools_room_and_is_never_below_the_paper():
+    paper = decay_weights(CFG)
+    # every tool takes 20 s (histogram bin 14.6-21.9 s), requests 15 s
+    h = _silences([20.0] * 50)
+    w = returns_weights(CFG, paper, h, 15.0)
+    assert len(w) == len(paper) and all(a >= b for a, b in zip(w, paper, strict=True))
+    assert w[3] == pytest.approx(1.0)        # silent 15 s: S(30) = 0, so back within 15 s for sure
+    assert w[1] == pytest.approx(1 - h.survival(20.0) / h.survival(5.0)) and w[1] > 0.7 > paper[1]
+    assert w[0] == paper[0] == 1.0           # the paper's first tick, whole
+    assert w[20] == paper[20]                # beyond the longest silence seen: the paper's x^-k
+    # tools that end within a tick: the paper's table wherever it is above the chance to return
+    short = returns_weights(CFG, paper, _silences([0.5] * 50), 10.0)
+    assert short[:2] == paper[:2]
+
+
+def test_returns_decay_table_is_read_per_backend_and_renewed_each_table_ticks():
+    cfg = dataclasses.replace(CFG, decay="returns")
+    s = ThunderScheduler(cfg)
+    b = backend("b", 1000)
+    assert s._table(b, 0.0) == s._decay  # nothing measured yet
+    for _ in range(50):
+        b.served.returns.add(20.0)
+    b.served.request_s = 15.0
+    assert s._table(b, 1.0) == s._decay  # the memo holds until TABLE_TICKS ticks have passed
+    renewed = s._table(b, TABLE_TICKS * cfg.tick_seconds)
+    assert renewed != s._decay and renewed[3] > s._decay[3]
+    # the weight of a program in a 20-s tool, 15 s in, counts (almost) whole in the demand
+    t = ProgramTable()
+    active(t, "a", b, 500, acting_since=TABLE_TICKS * cfg.tick_seconds - 15.0)
+    ld = BackendLoad.for_backend(b, cfg)
+    now = TABLE_TICKS * cfg.tick_seconds
+    ld.account(t.on_backend(b.key), now, cfg.tick_seconds, s._table(b, now), 1.0)
+    assert ld.demand == pytest.approx(500 * renewed[3])
+    assert SchedulerConfig().decay == "paper"  # opt-in
 
 
 def test_reasoning_and_held_programs_weigh_one_whatever_their_idle_time():

@@ -48,7 +48,7 @@ PRESETS: dict[str, Preset] = {
     "thunder-paper": Preset(
         "the paper's method: pool = HBM, no HBM gate, both watermarks at 1",
         {"tier_aware": False, "lambda_max": 1.0, "lambda_min": 1.0, "admission.mode": "fixed",
-         "session_refs": False, "groups": False}),
+         "session_refs": False, "groups": False, "decay": "paper"}),
 }
 
 
