@@ -161,10 +161,11 @@ class SchedulerConfig:
 
     decay: str = "paper"
     """How an acting program's weight decays (``cost.returns_weights``). ``paper`` (the
-    default): ``x^-k`` alone. ``returns`` (opt-in, not yet run on the grids): the larger of ``x^-k`` and the probability, from the backend's measured
-    client silences (``Served.returns``), that a program silent k ticks asks again within one
-    request time (``Served.request_s``): where tools outlast the ticks, a program likely back
-    before a newcomer's step would end keeps its room."""
+    default): ``x^-k`` alone. ``returns`` (opt-in, not yet run on the grids): the larger of
+    ``x^-k`` and the probability, from the backend's measured client silences
+    (``Served.returns``), that a program silent k ticks asks again within one request time
+    (``Served.request_s``): where tools outlast the ticks, a program likely back before a
+    newcomer's step would end keeps its room."""
 
     lambda_max: float = 0.95
     """High watermark: pause when demand exceeds lambda_max × pool. Below 1: the engine needs

@@ -4,8 +4,10 @@ No I/O and no clock reads: time and state come in, decisions go out, nothing is 
 (``apply`` does that, separately). Each tick:
 
 1. **Account.** Every active program adds its decayed demand to its backend
-   (``capacity.BackendLoad``, quantities from ``cost``). Paused and new programs form the
-   global waiting queue.
+   (``capacity.BackendLoad``, quantities from ``cost``): the decay is the paper's ``x^-k``, or
+   with ``decay: returns`` the backend's own table from its measured silences
+   (``cost.returns_weights``, renewed every ``TABLE_TICKS`` ticks). Paused and new programs
+   form the global waiting queue.
 2. **Admission level.** Each backend's watermarks are ``λ_max·pool`` and ``λ_min·pool``, plus
    the extra tokens the admission rule of ``admission.mode`` allows beyond them
    (``admission_rules``: ``goodput``, the default: the level with the best predicted and
