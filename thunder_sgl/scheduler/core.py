@@ -92,10 +92,11 @@ class ThunderScheduler:
         self.gate = RequestGate(cfg)
         """The HBM condition for one request (the controller asks it for every request)."""
         self._decay = decay_weights(cfg)
-        self._tables: dict[str, tuple[float, list[float]]] = {}
-        """Per backend, its decay table under ``decay: returns`` and when it was computed
-        (``_table``): a memo of a function of the backend's measurements, renewed each
-        ``TABLE_TICKS`` ticks."""
+        self._tables: dict[str, tuple[Backend, float, list[float]]] = {}
+        """Per backend key, the backend, when its decay table under ``decay: returns`` was
+        computed and the table (``_table``): a memo of a function of the backend's
+        measurements, renewed each ``TABLE_TICKS`` ticks, and for a new Backend object under
+        the same key (a worker removed and added again starts its measurements afresh)."""
         self.rule = admission_rule(cfg.admission.mode)
         """The admission rule (``admission_rules``; None: the fixed watermarks)."""
 
@@ -107,6 +108,8 @@ class ThunderScheduler:
         default_out = float(cfg.default_output_tokens)
         for key, load in loads.items():
             load.account(programs.on_backend(key), now, cfg.tick_seconds, self._table(load.backend, now), default_out)
+        if len(self._tables) > len(loads):  # backends removed: their tables go with them
+            self._tables = {k: v for k, v in self._tables.items() if k in loads}
         levels = self._admission_levels(now, loads, programs.waiting_count)
         pauses = self._orphans(programs, loads)
         for load in loads.values():
@@ -137,10 +140,10 @@ class ThunderScheduler:
         if self.cfg.decay != "returns":
             return self._decay
         memo = self._tables.get(b.key)
-        if memo is not None and 0.0 <= now - memo[0] < TABLE_TICKS * self.cfg.tick_seconds:
-            return memo[1]
+        if memo is not None and memo[0] is b and 0.0 <= now - memo[1] < TABLE_TICKS * self.cfg.tick_seconds:
+            return memo[2]
         table = returns_weights(self.cfg, self._decay, b.served.returns, b.served.request_s)
-        self._tables[b.key] = (now, table)
+        self._tables[b.key] = (b, now, table)
         return table
 
     def queue_order(self, now: float, waiting: Iterable[Program]) -> list[Program]:

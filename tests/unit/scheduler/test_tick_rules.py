@@ -96,6 +96,12 @@ def test_returns_decay_table_is_read_per_backend_and_renewed_each_table_ticks():
     now = TABLE_TICKS * cfg.tick_seconds
     ld.account(t.on_backend(b.key), now, cfg.tick_seconds, s._table(b, now), 1.0)
     assert ld.demand == pytest.approx(500 * renewed[3])
+    # a worker added again under the same key starts afresh, and a removed one's table goes
+    again = backend("b", 1000)
+    assert s._table(again, now + 1.0) == s._decay
+    c = backend("c", 1000)
+    s.tick(now + 2.0, ProgramTable(), [c])
+    assert set(s._tables) == {c.key}
     assert SchedulerConfig().decay == "paper"  # opt-in
 
 
