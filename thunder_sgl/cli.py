@@ -108,7 +108,8 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=d.out, help="parent of the results directory")
     p.add_argument("--sample-every", type=float, default=d.sample_every_s, help="per-node memory sampling, simulated seconds")
     p.add_argument("--router-arg", action="append", default=[], metavar="ROUTER=ARGS",
-                   help="http mode: extra arguments of one router, e.g. thunder='--thunder-lambda-max 0.9' (repeatable)")
+                   help="extra arguments of one router, e.g. thunder='--thunder-lambda-max 0.9' (repeatable); des mode: "
+                        "a thunder router's --thunder-* options only")
     g = p.add_argument_group("grid (benchmark/grid.py: one sweep per cell of context share x tool time x output x N)")
     g.add_argument("--grid", nargs="?", const="default", default=None, metavar="CELLS",
                    help="run the workload grid instead of --profile/--programs: all cells in des/http mode, the 12 "

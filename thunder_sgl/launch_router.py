@@ -15,11 +15,12 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from sglang_router.router_args import RouterArgs
 
 from thunder_sgl import __version__
-from thunder_sgl.config import load_config, resolve_config_path
+from thunder_sgl.config import RouterConfig, load_config, resolve_config_path
 from thunder_sgl.errors import ConfigError
 
 THUNDER = "thunder"
@@ -126,16 +127,9 @@ def _explicit(argv: Sequence[str], option: str) -> bool:
     return any(a == option or a.startswith(option + "=") for a in argv)
 
 
-def serve(args: argparse.Namespace, argv: Sequence[str]) -> None:
-    import uvicorn
-
-    from thunder_sgl.gateway.app import create_app
-
-    level = {"warn": "WARNING"}.get(args.log_level, (args.log_level or "info").upper())
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    cfg_path = args.thunder_config or resolve_config_path("thunder")
-    cfg = load_config(cfg_path)
-    overrides = {  # a flag given wins over the YAML
+def thunder_overrides(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
+    """The dotted config overrides of the ``--thunder-*`` options in ``args`` (None: not given)."""
+    return {
         "scheduler.tick_seconds": args.thunder_tick_seconds,
         "scheduler.decay_base": args.thunder_decay_base,
         "scheduler.decay": args.thunder_decay,
@@ -147,13 +141,50 @@ def serve(args: argparse.Namespace, argv: Sequence[str]) -> None:
         "programs.group_id_pattern": args.thunder_group_id_pattern,
         "monitor.storage_tokens": args.thunder_storage_tokens,
         "sandboxes.provider": args.thunder_sandbox_provider,
-        "gateway.worker_urls": list(args.worker_urls) if args.worker_urls else None,
         "gateway.policy": VARIANTS[args.thunder_variant] if _explicit(argv, "--thunder-variant") else None,
-        "gateway.api_key": args.api_key,
         "gateway.admin_api_key": args.thunder_admin_api_key or None,
-        "gateway.max_body_bytes": (args.max_payload_size or None) if _explicit(argv, "--max-payload-size") else None,
         "gateway.instance_id": args.thunder_instance_id or None,
         "gateway.state_dir": args.thunder_state_dir,
+    }
+
+
+def thunder_config(argv: Sequence[str]) -> RouterConfig:
+    """The RouterConfig that ``launch_router --policy thunder`` builds from these ``--thunder-*``
+    options, and only those: the DES bench's ``--router-arg thunder=...``, where no process is
+    started and the router's name already chose its policy. ValueError for anything else."""
+    only = argparse.ArgumentParser(prog="--router-arg", add_help=False, exit_on_error=False)
+    add_thunder_args(only)
+    try:
+        args, rest = only.parse_known_args(list(argv))
+    except argparse.ArgumentError as e:
+        raise ValueError(f"router arguments {' '.join(argv)!r}: {e}") from None
+    if rest:
+        raise ValueError(f"router arguments: only --thunder-* options apply in DES mode, not {' '.join(rest)!r}")
+    if _explicit(argv, "--thunder-variant"):
+        raise ValueError("router arguments: --thunder-variant does not apply in DES mode; name the router "
+                         f"instead ({', '.join(sorted(set(VARIANTS.values())))})")
+    try:
+        cfg = load_config(args.thunder_config or resolve_config_path("thunder"))
+        overrides = {k: v for k, v in thunder_overrides(args, argv).items() if v is not None}
+        return cfg.with_overrides(overrides).scaled(args.thunder_time_scale)
+    except ConfigError as e:
+        raise ValueError(f"router arguments: {e.message}") from None
+
+
+def serve(args: argparse.Namespace, argv: Sequence[str]) -> None:
+    import uvicorn
+
+    from thunder_sgl.gateway.app import create_app
+
+    level = {"warn": "WARNING"}.get(args.log_level, (args.log_level or "info").upper())
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg_path = args.thunder_config or resolve_config_path("thunder")
+    cfg = load_config(cfg_path)
+    overrides = {  # a flag given wins over the YAML
+        **thunder_overrides(args, argv),
+        "gateway.worker_urls": list(args.worker_urls) if args.worker_urls else None,
+        "gateway.api_key": args.api_key,
+        "gateway.max_body_bytes": (args.max_payload_size or None) if _explicit(argv, "--max-payload-size") else None,
         "gateway.request_id_headers": list(args.request_id_headers) if args.request_id_headers else None,
     }
     cfg = cfg.with_overrides({k: v for k, v in overrides.items() if v is not None}).scaled(args.thunder_time_scale)

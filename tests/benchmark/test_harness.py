@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from thunder_sgl.benchmark.grid import admission_of
 from thunder_sgl.benchmark.harness import BenchSpec, run_bench
 from thunder_sgl.benchmark.reports.progress import QuietProgress
 from thunder_sgl.benchmark.reports.sweep import FAILED, load_results
@@ -168,3 +169,28 @@ def test_des_sweep_fills_the_same_report(tmp_path):
     md = (tmp_path / "des" / "results.md").read_text()
     assert "(des mode)" in md and "### N = 8 programs" in md
     assert (tmp_path / "des" / "memory_thunder.png").stat().st_size > 0
+
+
+def test_des_router_arguments_build_the_thunder_routers_config(tmp_path):
+    spec = BenchSpec(cluster="tiny", nodes=1, programs=(4,), routers=("thunder", "thunder-paper"), mode="des",
+                     router_args=(("thunder", "--thunder-decay returns --thunder-lambda-max 0.9"),))
+    cfg = spec.des_router_config("thunder")
+    assert cfg is not None and cfg.scheduler.decay == "returns" and cfg.scheduler.lambda_max == 0.9
+    assert spec.des_router_config("thunder-paper") is None
+    for router, args, why in [("sglang-round_robin", "--thunder-decay returns", "takes no router arguments"),
+                              ("thunder", "--policy cache_aware", "only --thunder-"),
+                              ("thunder", "--thunder-decay sometimes", "invalid choice"),
+                              ("thunder", "--thunder-variant paper", "name the router")]:
+        with pytest.raises(ValueError, match=why):
+            BenchSpec(cluster="tiny", routers=(router,), mode="des", router_args=((router, args),))
+
+
+def test_des_router_arguments_reach_the_run(tmp_path):
+    def admission(args):
+        spec = BenchSpec(cluster="tiny", nodes=1, programs=(6,), routers=("thunder",), duration_s=120, warmup_s=30,
+                         seed=1, mode="des", name=f"args-{len(args)}", out=tmp_path,
+                         router_args=(("thunder", args),) if args else ())
+        [r] = run_bench(spec, command="thunder-sgl bench --mode des", progress=QuietProgress())
+        return admission_of(r.notes)
+
+    assert admission("").startswith("L") and admission("--thunder-admission fixed") == ""  # fixed: no rule

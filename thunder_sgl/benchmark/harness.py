@@ -56,6 +56,7 @@ from thunder_sgl.benchmark.workloads.profile import WorkloadProfile, load_profil
 
 if TYPE_CHECKING:
     from thunder_sgl.benchmark.drivers.http_mode import HttpCluster
+    from thunder_sgl.config import RouterConfig
     from thunder_sgl.benchmark.drivers.real_mode import RealCluster
 
 MODES = ("http", "des", "real")
@@ -96,8 +97,10 @@ class BenchSpec:
     sample_every_s: float = 5.0
     """Per-node memory sampling interval."""
     router_args: tuple[tuple[str, str], ...] = ()
-    """HTTP mode: extra command-line arguments per router, ``(("thunder", "--thunder-lambda-max
-    0.9"), …)`` (shell-quoted); recorded in the results' meta."""
+    """Extra command-line arguments per router, ``(("thunder", "--thunder-lambda-max 0.9"), …)``
+    (shell-quoted); recorded in the results' meta. HTTP and real modes pass them to the router's
+    process; DES mode builds a thunder router's config from them (``launch_router.thunder_config``:
+    ``--thunder-*`` options only, and no stock router takes any)."""
     model: str = "small"
     """Real mode: the engines' model size (``thunder-sgl engine prepare --model``)."""
     max_total_tokens: int = 24576
@@ -141,6 +144,11 @@ class BenchSpec:
             raise ValueError("need at least one router and concurrencies >= 1")
         if any(r not in self.routers for r, _ in self.router_args):
             raise ValueError("router_args names a router that is not in the sweep")
+        if self.mode == "des":
+            for r in {r for r, _ in self.router_args}:
+                if not r.startswith("thunder"):
+                    raise ValueError(f"DES mode: {r} is simulated in process and takes no router arguments")
+                self.des_router_config(r)  # a bad option fails here, before any run
         if self.nodes < 1 or self.duration_s <= 0 or self.warmup_s < 0 or self.time_scale <= 0:
             raise ValueError("need nodes >= 1, duration > 0, warmup >= 0, time scale > 0")
         if self.mode == "des" and THUNDER_INFERRED in self.routers and (self.trace or self.rollout is not None):
@@ -205,6 +213,15 @@ class BenchSpec:
 
     def args_of(self, router: str) -> tuple[str, ...]:
         return tuple(a for r, text in self.router_args if r == router for a in shlex.split(text))
+
+    def des_router_config(self, router: str) -> RouterConfig | None:
+        """DES mode: the config of a thunder router given router arguments (None: the defaults)."""
+        args = self.args_of(router)
+        if not args:
+            return None
+        from thunder_sgl.launch_router import thunder_config
+
+        return thunder_config(args)
 
     def wall_estimate_s(self) -> float:
         """HTTP mode: wall seconds of the measured parts (start-up and cleaning not counted)."""
@@ -347,18 +364,20 @@ def _des_run(spec: BenchSpec, profile: WorkloadProfile, router: str, programs: i
             r = TraceRun(spec.cluster, spec.nodes, router, spec.trace, spec.duration_s, warmup_s=spec.warmup_s,
                          seed=spec.seed, speed=spec.trace_speed, limit=spec.trace_limit,
                          drain_s=spec.trace_drain_s, profile=spec.profile, ttft_slo_s=spec.ttft_slo_s,
-                         token_scale=spec.trace_token_scale,
+                         token_scale=spec.trace_token_scale, router_config=spec.des_router_config(router),
                          sample_every_s=spec.sample_every_s, progress=_des_progress(progress)).run()
         elif spec.rollout is not None:
             from thunder_sgl.benchmark.rollout.des import RolloutRun
 
             r = RolloutRun(spec.cluster, spec.nodes, router, profile, programs, spec.duration_s,
-                           warmup_s=spec.warmup_s, seed=spec.seed, sample_every_s=spec.sample_every_s,
-                           progress=_des_progress(progress), rollout=spec.rollout).run()
+                           warmup_s=spec.warmup_s, seed=spec.seed, router_config=spec.des_router_config(router),
+                           sample_every_s=spec.sample_every_s, progress=_des_progress(progress),
+                           rollout=spec.rollout).run()
         else:
             r = run_des(spec.cluster, spec.nodes, router, profile, programs, spec.duration_s,
-                        warmup_s=spec.warmup_s, seed=spec.seed, sample_every_s=spec.sample_every_s,
-                        progress=_des_progress(progress), warm_start=spec.warm_start)
+                        warmup_s=spec.warmup_s, seed=spec.seed, router_config=spec.des_router_config(router),
+                        sample_every_s=spec.sample_every_s, progress=_des_progress(progress),
+                        warm_start=spec.warm_start)
         r.cluster = spec.cluster_name
         if not r.ideal_steps_per_min:
             r.ideal_steps_per_min = ideal
