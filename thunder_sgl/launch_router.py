@@ -163,10 +163,13 @@ def thunder_config(argv: Sequence[str]) -> RouterConfig:
     if _explicit(argv, "--thunder-variant"):
         raise ValueError("router arguments: --thunder-variant does not apply in DES mode; name the router "
                          f"instead ({', '.join(sorted(set(VARIANTS.values())))})")
+    if _explicit(argv, "--thunder-time-scale"):
+        raise ValueError("router arguments: --thunder-time-scale does not apply in DES mode (the router runs "
+                         "on the simulation's own clock)")
     try:
         cfg = load_config(args.thunder_config or resolve_config_path("thunder"))
         overrides = {k: v for k, v in thunder_overrides(args, argv).items() if v is not None}
-        return cfg.with_overrides(overrides).scaled(args.thunder_time_scale)
+        return cfg.with_overrides(overrides)
     except ConfigError as e:
         raise ValueError(f"router arguments: {e.message}") from None
 

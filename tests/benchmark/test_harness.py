@@ -180,7 +180,8 @@ def test_des_router_arguments_build_the_thunder_routers_config(tmp_path):
     for router, args, why in [("sglang-round_robin", "--thunder-decay returns", "takes no router arguments"),
                               ("thunder", "--policy cache_aware", "only --thunder-"),
                               ("thunder", "--thunder-decay sometimes", "invalid choice"),
-                              ("thunder", "--thunder-variant paper", "name the router")]:
+                              ("thunder", "--thunder-variant paper", "name the router"),
+                              ("thunder", "--thunder-time-scale 20", "own clock")]:
         with pytest.raises(ValueError, match=why):
             BenchSpec(cluster="tiny", routers=(router,), mode="des", router_args=((router, args),))
 

@@ -56,8 +56,8 @@ from thunder_sgl.benchmark.workloads.profile import WorkloadProfile, load_profil
 
 if TYPE_CHECKING:
     from thunder_sgl.benchmark.drivers.http_mode import HttpCluster
-    from thunder_sgl.config import RouterConfig
     from thunder_sgl.benchmark.drivers.real_mode import RealCluster
+    from thunder_sgl.config import RouterConfig
 
 MODES = ("http", "des", "real")
 REAL_ROUTERS = ("direct", "sglang-cache_aware", "smg-cache_aware", "thunder", "thunder-paper")
