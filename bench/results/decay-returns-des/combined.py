@@ -11,17 +11,8 @@ import statistics as S
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-V9 = HERE.parent / "grid-cpu-t1-des-steady-v9" / "grid.json"
-
-
-def thunder(dirs: str) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {}
-    for d in dirs.split(","):
-        for r in json.loads((Path(d) / "grid.json").read_text())["rows"]:
-            if r["router"] == "thunder":
-                out.setdefault(r["cell"], []).append(r["steps_per_min"])
-    return out
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "goodput-calibration-des"))
+from compare import V9, thunder  # noqa: E402 - the grids' reader and v9's stock routers
 
 
 def main() -> None:
