@@ -1,6 +1,7 @@
 """Time the scheduler's tick over 10,000 programs and 64 backends (issue: < 10 ms).
 
     python bench/tick_bench.py [--programs 10000] [--backends 64] [--repeat 50] [--inner 3] [--group-size 8]
+                               [--cost-at change|tick]
 
 The state is a steady state reached by the scheduler itself: 10,000 programs admitted by
 ticks onto 64 GLM-4.6-like backends (1.05 M HBM tokens, host tier ×2), contexts 2–60 K
@@ -15,6 +16,10 @@ a 1,000-token task prompt, and placement is the group-aware one (``GroupPicker``
 ``tick`` is pure, so each state is timed ``--inner`` times: the first evaluation is what a
 router would see (it includes Python's GC and whatever else the machine is doing); the best
 of the evaluations is the tick's own cost, robust to a busy machine. Both are reported.
+Between ticks each program's change is told to the scheduler (``changed``), as the
+controller's request path tells it: the costs of the ~3,000 programs changed are computed
+there (``--cost-at tick``: left to the tick instead, as before 2026-12-08; the per-change cost
+is timed and reported beside it).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import time
 
 from thunder_sgl.backends import Backend, Tiers
 from thunder_sgl.config import SchedulerConfig
-from thunder_sgl.programs import ProgramTable, Usage
+from thunder_sgl.programs import Program, ProgramTable, Usage
 from thunder_sgl.scheduler import ThunderScheduler, apply
 from thunder_sgl.scheduler.grouping import GroupPicker
 
@@ -59,18 +64,24 @@ def build(n_programs: int, n_backends: int, seed: int = 1,
     return policy, table, backends
 
 
-def evolve(table: ProgramTable, now: float, rng: random.Random) -> None:
-    """One tick's worth of agent progress: steps finish (contexts grow), tools return."""
+def evolve(table: ProgramTable, now: float, rng: random.Random) -> list[Program]:
+    """One tick's worth of agent progress: steps finish (contexts grow), tools return.
+    Returns the programs changed."""
+    changed = []
     for p in table:
         if not p.active:
             if p.held == 0 and rng.random() < 0.5:
                 p.hold(now, p.context_tokens + 800)  # a paused program's next request arrives
+                changed.append(p)
             continue
         if p.in_flight:
             if rng.random() < 0.5:
                 p.finish_request(now, Usage(p.pending_prompt_tokens, 300), 0.3)
+                changed.append(p)
         elif rng.random() < 0.6:
             p.start_request(now, p.context_tokens + 800)
+            changed.append(p)
+    return changed
 
 
 def main() -> None:
@@ -80,15 +91,23 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--inner", type=int, default=3, help="evaluations of each state's tick (it is pure)")
     ap.add_argument("--group-size", type=int, default=0, help="programs per group (RL task); 0: no groups")
+    ap.add_argument("--cost-at", choices=["change", "tick"], default="change",
+                    help="change: each change told to the scheduler between ticks, as the controller does; "
+                         "tick: the changed programs' costs left to the tick")
     args = ap.parse_args()
 
     policy, table, backends = build(args.programs, args.backends, group_size=args.group_size)
     by_key = {b.key: b for b in backends}
     rng = random.Random(3)
-    now, first, best, decisions = 5.0, [], [], []
+    now, first, best, decisions, per_change = 5.0, [], [], [], []
     for _ in range(args.repeat):
         now += policy.cfg.tick_seconds
-        evolve(table, now, rng)
+        changed = evolve(table, now, rng)
+        if args.cost_at == "change":  # the controller's request path, once per change (timed apart)
+            t0 = time.perf_counter()
+            for p in changed:
+                policy.changed(p)
+            per_change.append(((time.perf_counter() - t0) * 1e3, len(changed)))
         times = []
         for _ in range(max(1, args.inner)):
             t0 = time.perf_counter()
@@ -108,6 +127,10 @@ def main() -> None:
         samples.sort()
         print(f"{label}: median {statistics.median(samples):.2f} ms, p90 {samples[int(0.9 * len(samples))]:.2f} ms, "
               f"max {samples[-1]:.2f} ms over {len(samples)} ticks")
+    if per_change:
+        ms, n = sum(x for x, _ in per_change), sum(k for _, k in per_change)
+        print(f"request path (changed, once per change): {1e3 * ms / n:.2f} us per change, "
+              f"{ms / len(per_change):.2f} ms over a tick's {n / len(per_change):.0f} changes")
     cold = []
     for _ in range(5):
         fresh = ProgramTable()

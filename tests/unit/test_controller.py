@@ -168,6 +168,42 @@ def test_a_new_programs_output_is_sized_at_most_its_max_tokens_until_it_has_its_
     assert cost_of(p, 100.0).output == 90.0            # its own average, above the bound of 40
 
 
+def test_the_request_path_computes_a_changed_programs_cost_at_once():
+    """Each change the request path makes to a program's cost inputs (held, dispatched,
+    answered, withdrawn) is told to the scheduler, which computes the cost then: the tick
+    finds it cached, equal to a fresh one."""
+    from thunder_sgl.scheduler.cost import program_cost
+
+    c = make()
+
+    def fresh(p):
+        assert p.cost_cache is not None
+        assert p.cost_cache == program_cost(p, 100.0)
+
+    t = ticket("p", 1000)
+    assert c.submit(t, 0.0) is None             # held: a new program waits for its tick
+    p = c.programs.get("p")
+    fresh(p)
+    assert t in c.tick(0.0).dispatched          # dispatched by the tick (pending prompt, reasoning)
+    fresh(p)
+    assert p.cost_cache.gated and p.cost_cache.tokens == 1000
+    c.finish(t, 1.0, Usage(1000, 90))           # answered: the context grows, acting
+    fresh(p)
+    assert not p.cost_cache.gated and p.cost_cache.tokens == 1090
+    t2 = ticket("p", 1200)
+    assert c.submit(t2, 2.0) is not None        # its next request goes at once
+    fresh(p)
+    assert p.cost_cache.tokens == 1200
+    c.finish(t2, 3.0, Usage(1200, 50))
+    c.programs.pause(p, 3.5)
+    t3 = ticket("p", 1300)
+    assert c.submit(t3, 4.0) is None            # paused: held
+    fresh(p)
+    assert c.cancel(t3)                         # withdrawn: no pending prompt any more
+    fresh(p)
+    assert p.cost_cache.tokens == 1250
+
+
 def test_paper_variant_has_no_hbm_gate():
     cfg = RouterConfig(scheduler=SchedulerConfig(default_output_tokens=100))
     c = Controller(cfg, policy="thunder-paper")

@@ -215,6 +215,7 @@ class Controller:
             p.end_hint = CONTEXT_OVERFLOW
         if usage is not None and usage.weight_version is not None and b is not None:
             self.weight_version_seen(b, usage.weight_version, now)
+        self.policy.changed(p)
         return self._drain_gated(b, now) if b is not None else []
 
     def weight_version_seen(self, b: Backend, version: str, now: float) -> list[Program]:
@@ -320,6 +321,7 @@ class Controller:
             p.unhold()
             if not p.held:
                 p.pending_prompt_tokens = 0
+            self.policy.changed(p)
         return True
 
     def release(self, pid: str, now: float) -> tuple[Program, list[Ticket]]:
@@ -576,6 +578,7 @@ class Controller:
         b = self.backends[p.backend]  # type: ignore[index]
         returning = p.steps > 0 and p.in_flight == 0
         p.start_request(now, estimate)
+        self.policy.changed(p)
         if returning:  # the tool time since its last step or its restore (start_request measured it)
             b.served.tool_s = ema(b.served.tool_s, p.last_tool_seconds, self.sched.admission.cost_ema_alpha)
             b.served.tool_hist.add(p.last_tool_seconds)
@@ -609,6 +612,7 @@ class Controller:
         if p.dormant and not p.held:
             p.waiting_since = now  # it waits from its request on, not from when it went dormant
         p.hold(now, estimate)
+        self.policy.changed(p)
         t.window_mark = self.windows.elapsed(now)
         b = self.backends.get(p.backend) if p.backend is not None else None
         if b is not None:

@@ -45,7 +45,7 @@ from thunder_sgl.programs import Program, ProgramState, ProgramTable
 from thunder_sgl.scheduler import queue
 from thunder_sgl.scheduler.admission_rules import admission_rule
 from thunder_sgl.scheduler.capacity import BackendLoad, Member
-from thunder_sgl.scheduler.cost import decay_weights, returns_weights
+from thunder_sgl.scheduler.cost import cost_of, decay_weights, returns_weights
 from thunder_sgl.scheduler.gate import RequestGate, hbm_limit
 from thunder_sgl.scheduler.goodput import BackendView
 from thunder_sgl.scheduler.placement import (
@@ -97,6 +97,7 @@ class ThunderScheduler:
         computed and the table (``_table``): a memo of a function of the backend's
         measurements, renewed each ``TABLE_TICKS`` ticks, and for a new Backend object under
         the same key (a worker removed and added again starts its measurements afresh)."""
+        self._default_out = float(cfg.default_output_tokens)
         self.rule = admission_rule(cfg.admission.mode)
         """The admission rule (``admission_rules``; None: the fixed watermarks)."""
 
@@ -149,6 +150,14 @@ class ThunderScheduler:
     def queue_order(self, now: float, waiting: Iterable[Program]) -> list[Program]:
         """The global queue, best first (exposed for /programs and for prefetching)."""
         return queue.order(waiting, self.cfg)
+
+    def changed(self, p: Program) -> None:
+        """The request path wrote p's cost inputs (a request started, ended, was held or
+        withdrawn): its ``ProgramCost`` is computed now, once for the change, and the next
+        tick reads it cached. Computed at the tick instead, it was a quarter of a tick's first
+        evaluation at 10,000 programs (about 3,000 programs change between two ticks there,
+        ~1 µs each), all of it while the event loop waits."""
+        cost_of(p, self._default_out)
 
     # ---- admission level -------------------------------------------------------------------
     def _admission_levels(self, now: float, loads: dict[str, BackendLoad], waiting: int) -> dict[str, AdmissionLevel]:

@@ -48,7 +48,8 @@ class ProgramScheduler(Protocol):
     ``tick`` is pure: it reads the programs and backends, returns decisions, mutates nothing
     (``core.apply`` carries them out). ``queue_order`` lists the waiting programs best first.
     ``gate`` says whether one request of an active program goes now, and in which order held
-    ones go (the controller asks it; it decides nothing itself). ``cfg`` is the one
+    ones go (the controller asks it; it decides nothing itself). ``changed`` is told of every
+    write the request path makes to a program's cost inputs. ``cfg`` is the one
     configuration the controller reads for scheduling parameters.
     """
 
@@ -59,6 +60,8 @@ class ProgramScheduler(Protocol):
     def tick(self, now: float, programs: ProgramTable, backends: Sequence[Backend]) -> Decisions: ...
 
     def queue_order(self, now: float, waiting: Iterable[Program]) -> list[Program]: ...
+
+    def changed(self, p: Program) -> None: ...
 
 
 @dataclass(frozen=True)
