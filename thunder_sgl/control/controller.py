@@ -578,7 +578,6 @@ class Controller:
         b = self.backends[p.backend]  # type: ignore[index]
         returning = p.steps > 0 and p.in_flight == 0
         p.start_request(now, estimate)
-        self.policy.changed(p)
         if returning:  # the tool time since its last step or its restore (start_request measured it)
             b.served.tool_s = ema(b.served.tool_s, p.last_tool_seconds, self.sched.admission.cost_ema_alpha)
             b.served.tool_hist.add(p.last_tool_seconds)
@@ -586,6 +585,7 @@ class Controller:
         self.kvrefs.dispatched(p, b)
         t.backend, t.dispatched_at = b, now
         t.session_id = self.kvrefs.session_for(p, b)
+        self.policy.changed(p)  # last, once the ticket is stamped as dispatched
         return b
 
     def _returned(self, p: Program, now: float) -> None:
